@@ -1,0 +1,29 @@
+# Quick start: `make demo` and `make test` each build .venv when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/python examples/worker_loop.py
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+
+test: $(BIN)/.installed lint
+	$(BIN)/python -m pytest --cov=itemjournal --cov-report=term-missing --cov-fail-under=95 tests
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/bench_filestore.py
+
+clean:
+	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache

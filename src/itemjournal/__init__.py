@@ -1,0 +1,52 @@
+"""itemjournal: record the intent before an external effect, and how it ended.
+
+Claim an item before a side effect; the journal makes the intent durable first,
+then keeps the receipt you declare, or that the outcome needs review. A rerun
+reuses the receipt, refuses unresolved work and notices changed inputs or code.
+"""
+
+from ._errors import ConflictError as ConflictError
+from ._errors import InvalidArgument as InvalidArgument
+from ._errors import JournalError as JournalError
+from ._errors import RecordInvalid as RecordInvalid
+from ._errors import StorageFailed as StorageFailed
+from ._errors import UnresolvedClaim as UnresolvedClaim
+from ._fileio import FileSystem as FileSystem
+from ._filestore import FileStore as FileStore
+from ._identity import Identity as Identity
+from ._identity import definition_digest as definition_digest
+from ._identity import input_digest as input_digest
+from ._journal import Attempt as Attempt
+from ._journal import Journal as Journal
+from ._records import Event as Event
+from ._records import Owner as Owner
+from ._store import Step as Step
+from ._store import Store as Store
+from ._view import Claim as Claim
+from ._view import RecordView as RecordView
+from ._view import Reuse as Reuse
+
+__all__ = [
+    "Attempt",
+    "Claim",
+    "ConflictError",
+    "Event",
+    "FileStore",
+    "FileSystem",
+    "Identity",
+    "InvalidArgument",
+    "Journal",
+    "JournalError",
+    "Owner",
+    "RecordInvalid",
+    "RecordView",
+    "Reuse",
+    "Step",
+    "StorageFailed",
+    "Store",
+    "UnresolvedClaim",
+    "definition_digest",
+    "input_digest",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,410 @@
+"""The file store: one JSON document per identity, written durably.
+
+Layout: ``root/<first two hex of digest>/<digest>.json``. Beside the records of a
+fan-out directory lives ``.lock``, a lock file that is never deleted; ``flock`` on it
+serialises read-decide-write sequences across processes. Temp files are named
+``.<pid>-<process start>-<random>.tmp`` so a sweep can tell whether their writer lives.
+
+Every operation's disk work (lock, read, decide, write, sync) is one function run in
+one worker thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import secrets
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from ._errors import RecordInvalid, StorageFailed
+from ._fileio import FileSystem
+from ._identity import Identity, identity_digest
+from ._owner import process_start
+from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
+from ._store import Step, StepFunction
+
+__all__ = ["FileStore"]
+
+T = TypeVar("T")
+
+LOCK_NAME: Final = ".lock"
+_TEMP = re.compile(r"\.(\d+)-(\d*)-[0-9a-f]{32}\.tmp")
+_FANOUT = re.compile(r"[0-9a-f]{2}")
+_RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json")
+
+
+class _Busy:
+    """Returned by a worker trip that found the lock held by someone else."""
+
+
+_BUSY: Final = _Busy()
+
+
+class _LostRace(Exception):
+    """Another writer created the record between our read and our link."""
+
+
+def _fail(what: str, error: OSError) -> StorageFailed:
+    reason = error.strerror or str(error)
+    return StorageFailed(f"{what}: {reason}", errno=error.errno)
+
+
+def _start_token(pid: int) -> str:
+    start = process_start(pid)
+    return re.sub(r"\D", "", start) if start else ""
+
+
+class FileStore:
+    """Record documents in a directory the caller owns and trusts."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fs: FileSystem | None = None,
+        lock_timeout: float = 30.0,
+        temp_grace: float = 60.0,
+    ) -> None:
+        path = os.fspath(root)
+        if not os.path.isabs(path):
+            from ._errors import InvalidArgument
+
+            raise InvalidArgument(
+                f"the journal directory must be an absolute path, got {path!r}",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
+        self.root = Path(os.path.normpath(path))
+        self.location = str(self.root)
+        self.fs = fs if fs is not None else FileSystem()
+        self.lock_timeout = lock_timeout
+        self.temp_grace = temp_grace
+        self._known_dirs: set[str] = set()
+        self._temp_prefix: tuple[int, str] | None = None
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.location!r})"
+
+    # ------------------------------------------------------------------ paths
+
+    def path_for(self, identity: Identity) -> Path:
+        """Where the record of ``identity`` lives (derived from its digest only)."""
+        digest = identity_digest(identity)
+        return self.root / digest[:2] / f"{digest}.json"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        """Create the root if needed and sweep temp files no live writer can own."""
+        await anyio.to_thread.run_sync(self._open_sync)
+
+    def _open_sync(self) -> None:
+        try:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            info = os.stat(self.root)
+        except OSError as error:
+            raise _fail(f"cannot create the journal directory {self.location}", error) from error
+        if not stat.S_ISDIR(info.st_mode):
+            raise StorageFailed(f"{self.location} is not a directory", errno=errno.ENOTDIR)
+        self.sweep_temps_sync()
+
+    async def aclose(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
+    def sweep_temps_sync(self, now: float | None = None) -> list[str]:
+        """Remove temp files whose writer is gone and that are older than the grace period.
+
+        A temp file is only ever used for the few milliseconds of one save; its name
+        carries its writer's pid and start time, so a live writer's file is never taken.
+        """
+        now = time.time() if now is None else now
+        removed: list[str] = []
+        try:
+            fanouts = [e for e in os.scandir(self.root) if _FANOUT.fullmatch(e.name)]
+        except OSError as error:
+            raise _fail(f"cannot list {self.location}", error) from error
+        for fanout in fanouts:
+            try:
+                entries = list(os.scandir(fanout.path))
+            except OSError:
+                continue
+            for entry in entries:
+                match = _TEMP.fullmatch(entry.name)
+                if match is None:
+                    continue
+                try:
+                    age = now - entry.stat(follow_symlinks=False).st_mtime
+                except OSError:
+                    continue
+                pid, token = int(match[1]), match[2]
+                if age < self.temp_grace or (token and _start_token(pid) == token):
+                    continue
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    continue
+                removed.append(entry.path)
+        return removed
+
+    # ------------------------------------------------------------------ the seam
+
+    async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        deadline: float | None = None
+        delay = 0.0005
+        while True:
+            result = await anyio.to_thread.run_sync(self._apply_sync, identity, step)
+            if not isinstance(result, _Busy):
+                return result
+            now = anyio.current_time()
+            if deadline is None:
+                deadline = now + self.lock_timeout
+            elif now >= deadline:
+                raise StorageFailed(
+                    f"the record lock of {list(identity)} stayed held for {self.lock_timeout:g} s",
+                    errno=errno.ETIMEDOUT,
+                )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        return await anyio.to_thread.run_sync(self._peek_sync, identity, view)
+
+    # ------------------------------------------------------------------ worker-thread code
+
+    def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        path = str(self.path_for(identity))
+        data = self._read(path)
+        record = None if data is None else decode_record(data, identity, location=path)
+        return view(record)
+
+    def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T | _Busy:
+        path = self.path_for(identity)
+        directory = str(path.parent)
+        target = str(path)
+        self._ensure_dir(directory)
+        try:
+            lock_fd = os.open(
+                os.path.join(directory, LOCK_NAME),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+        except OSError as error:
+            raise _fail(f"cannot open the lock file in {directory}", error) from error
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _BUSY
+            except OSError as error:
+                raise _fail(f"cannot lock {directory}", error) from error
+            for _ in range(8):
+                data = self._read(target)
+                current = None if data is None else decode_record(data, identity, location=target)
+                decision: Step[T] = step(current)
+                if decision.write is None:
+                    return decision.answer
+                encoded = encode_record(decision.write)
+                if len(encoded) > MAX_RECORD_BYTES:
+                    raise StorageFailed(
+                        f"the new record would exceed {MAX_RECORD_BYTES} bytes", errno=errno.EFBIG
+                    )
+                try:
+                    if data is None:
+                        self._create(directory, target, encoded)
+                    else:
+                        self._replace(directory, target, encoded, data)
+                except _LostRace:
+                    continue
+                return decision.answer
+            raise StorageFailed(f"{target} kept changing under the lock", errno=errno.EAGAIN)
+        finally:
+            os.close(lock_fd)  # also releases the flock
+
+    def _ensure_dir(self, directory: str) -> None:
+        if directory in self._known_dirs:
+            return
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            try:
+                info = os.lstat(directory)
+            except OSError as error:
+                raise _fail(f"cannot inspect {directory}", error) from error
+            if not stat.S_ISDIR(info.st_mode):
+                raise StorageFailed(
+                    f"{directory} is not a directory (a symlink or file is in the way)",
+                    errno=errno.ENOTDIR,
+                ) from None
+        except OSError as error:
+            raise _fail(f"cannot create {directory}", error) from error
+        else:
+            # The new directory's entry lives in the root: make it durable before any
+            # record inside it is acknowledged.
+            try:
+                self._sync_dir(str(self.root))
+            except OSError as error:
+                raise _fail(
+                    f"cannot sync {self.location} after creating {directory}", error
+                ) from error
+        self._known_dirs.add(directory)
+
+    def _read(self, path: str) -> bytes | None:
+        """The record's bytes, None when absent; never follows a symlink, never blocks on a FIFO."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+                raise RecordInvalid(
+                    f"record at {path} is not a regular file ({error.strerror})", location=path
+                ) from None
+            raise _fail(f"cannot open {path}", error) from error
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise RecordInvalid(f"record at {path} is not a regular file", location=path)
+            if info.st_size > MAX_RECORD_BYTES:
+                raise RecordInvalid(
+                    f"record at {path} has {info.st_size} bytes, more than {MAX_RECORD_BYTES}",
+                    location=path,
+                )
+            chunks: list[bytes] = []
+            size = 0
+            while size <= MAX_RECORD_BYTES:
+                chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            return b"".join(chunks)
+        except OSError as error:
+            raise _fail(f"cannot read {path}", error) from error
+        finally:
+            os.close(fd)
+
+    def _temp_name(self, directory: str) -> str:
+        pid = os.getpid()
+        if self._temp_prefix is None or self._temp_prefix[0] != pid:
+            self._temp_prefix = (pid, f".{pid}-{_start_token(pid)}-")
+        return os.path.join(directory, f"{self._temp_prefix[1]}{secrets.token_hex(16)}.tmp")
+
+    def _write_temp(self, directory: str, data: bytes) -> str:
+        """A new temp file holding all of ``data``, synced and closed; removed on any failure."""
+        fs = self.fs
+        temp = self._temp_name(directory)
+        try:
+            fd = fs.open(
+                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+        except OSError as error:
+            raise _fail(f"cannot create a temp file in {directory}", error) from error
+        try:
+            view = memoryview(data)
+            while view:
+                written = fs.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.EIO, "write made no progress")
+                view = view[written:]
+            fs.fsync(fd)
+        except BaseException as error:
+            self._quietly(fs.close, fd)
+            self._quietly(fs.unlink, temp)
+            if isinstance(error, OSError):
+                raise _fail(f"cannot write {temp}", error) from error
+            raise
+        try:
+            fs.close(fd)
+        except OSError as error:
+            self._quietly(fs.unlink, temp)
+            raise _fail(f"cannot close {temp}", error) from error
+        return temp
+
+    def _create(self, directory: str, target: str, data: bytes) -> None:
+        """Create-if-absent: temp → fsync → link (fails if the record exists) → dir fsync."""
+        fs = self.fs
+        temp = self._write_temp(directory, data)
+        try:
+            fs.link(temp, target)
+        except FileExistsError:
+            self._quietly(fs.unlink, temp)
+            raise _LostRace() from None
+        except OSError as error:
+            self._quietly(fs.unlink, temp)
+            raise _fail(f"cannot create {target}", error) from error
+        except BaseException:
+            self._quietly(fs.unlink, temp)
+            raise
+        if not self._quietly(fs.unlink, temp):
+            self._quietly(fs.unlink, temp)  # a second link to the record; a sweep takes it later
+        try:
+            self._sync_dir(directory)
+        except OSError as error:
+            # The record is linked but may not survive a power loss: nothing may be
+            # acknowledged, so take it back rather than leave an unowned claim.
+            if self._quietly(fs.unlink, target):
+                try:
+                    self._sync_dir(directory)
+                    outcome = "the new record was removed again"
+                except OSError:
+                    outcome = "the new record was removed, but that removal is not known durable"
+            else:
+                outcome = f"the new record stays at {target} unowned: it needs review"
+            raise _fail(
+                f"cannot sync {directory} after creating a record; {outcome}", error
+            ) from error
+
+    def _replace(self, directory: str, target: str, data: bytes, previous: bytes) -> None:
+        """Replace: temp → fsync → rename over the record → dir fsync."""
+        fs = self.fs
+        temp = self._write_temp(directory, data)
+        try:
+            fs.replace(temp, target)
+        except OSError as error:
+            self._quietly(fs.unlink, temp)
+            raise _fail(f"cannot replace {target}", error) from error
+        except BaseException:
+            self._quietly(fs.unlink, temp)
+            raise
+        try:
+            self._sync_dir(directory)
+        except OSError as error:
+            # The new version is in place but not known durable: put the previous one back.
+            try:
+                restore = self._write_temp(directory, previous)
+                try:
+                    fs.replace(restore, target)
+                except OSError:
+                    self._quietly(fs.unlink, restore)
+                    raise
+                self._sync_dir(directory)
+                outcome = "the previous record was restored"
+            except OSError:
+                outcome = "the record may hold either version; inspect it"
+            raise _fail(
+                f"cannot sync {directory} after replacing {target}; {outcome}", error
+            ) from error
+
+    def _sync_dir(self, directory: str) -> None:
+        fs = self.fs
+        fd = fs.open_dir(directory)
+        try:
+            fs.fsync_dir(fd)
+        finally:
+            self._quietly(fs.close_dir, fd)
+
+    @staticmethod
+    def _quietly(call: Callable[..., Any], *args: Any) -> bool:
+        try:
+            call(*args)
+        except OSError:
+            return False
+        return True

@@ -1,0 +1,183 @@
+"""Identities, labels and the fingerprints of inputs and definitions."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import json
+import re
+import textwrap
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeAlias
+
+from ._errors import InvalidArgument
+
+__all__ = [
+    "Identity",
+    "IdentityLike",
+    "InputDigester",
+    "coerce_identity",
+    "definition_digest",
+    "identity_digest",
+    "input_digest",
+    "require_hash",
+]
+
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+_HASH = re.compile(r"[0-9a-f]{64}")
+MAX_INPUTS = 20
+MAX_INPUT_CHARS = 20_000
+
+
+class Identity(NamedTuple):
+    """The four labels that name one item of work."""
+
+    scope: str
+    program: str
+    job: str
+    item: str
+
+
+IdentityLike: TypeAlias = "Identity | tuple[str, str, str, str] | list[str]"
+
+
+def check_label(value: object, what: str = "label") -> str:
+    if not isinstance(value, str) or _LABEL.fullmatch(value) is None:
+        raise InvalidArgument(
+            f"{what} {value!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,79}}",
+            code="INVALID_LABEL",
+        )
+    return value
+
+
+def coerce_identity(value: object) -> Identity:
+    """Accept an ``Identity``, a 4-tuple or a 4-list of labels; anything else is refused."""
+    if type(value) is Identity:
+        parts: tuple[object, ...] | list[object] = value
+    elif isinstance(value, (tuple, list)) and not isinstance(value, (str, bytes)):
+        parts = value
+    else:
+        raise InvalidArgument(
+            f"an identity is (scope, program, job, item), not {type(value).__name__}",
+            code="INVALID_IDENTITY",
+        )
+    if len(parts) != 4:
+        raise InvalidArgument(
+            f"an identity has exactly four labels, got {len(parts)}", code="INVALID_IDENTITY"
+        )
+    names = Identity._fields
+    return Identity(*(check_label(part, name) for part, name in zip(parts, names, strict=False)))
+
+
+def identity_digest(identity: Identity) -> str:
+    """SHA-256 hex of the identity's compact JSON array: the only source of its location."""
+    text = json.dumps(list(identity), separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _canonical_inputs(inputs: object) -> bytes:
+    if not isinstance(inputs, Mapping):
+        raise InvalidArgument(
+            f"inputs must be a mapping of labels to strings, not {type(inputs).__name__}",
+            code="INVALID_INPUTS",
+        )
+    if len(inputs) > MAX_INPUTS:
+        raise InvalidArgument(
+            f"at most {MAX_INPUTS} inputs are allowed, got {len(inputs)}", code="INVALID_INPUTS"
+        )
+    plain: dict[str, str] = {}
+    for key, value in inputs.items():
+        if not isinstance(key, str) or _LABEL.fullmatch(key) is None:
+            raise InvalidArgument(f"input key {key!r} must be a label", code="INVALID_INPUTS")
+        if not isinstance(value, str):
+            raise InvalidArgument(
+                f"input {key!r} must be a str, not {type(value).__name__}", code="INVALID_INPUTS"
+            )
+        if len(value) > MAX_INPUT_CHARS:
+            raise InvalidArgument(
+                f"input {key!r} has {len(value)} characters; at most {MAX_INPUT_CHARS}",
+                code="INVALID_INPUTS",
+            )
+        plain[key] = value
+    text = json.dumps(plain, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as error:  # lone surrogates cannot be hashed reproducibly
+        raise InvalidArgument("inputs must be encodable as UTF-8", code="INVALID_INPUTS") from error
+
+
+def input_digest(inputs: Mapping[str, str]) -> str:
+    """SHA-256 hex of the inputs as sorted, compact, UTF-8 JSON."""
+    return hashlib.sha256(_canonical_inputs(inputs)).hexdigest()
+
+
+class InputDigester:
+    """Fingerprints inputs, plainly (SHA-256) or keyed (HMAC-SHA256).
+
+    ``kind`` is written into every record so that a journal opened with the other kind,
+    or with another key, says so instead of reporting ``INPUT_CHANGED``.
+    """
+
+    __slots__ = ("_key", "kind")
+
+    def __init__(self, key: bytes | None = None) -> None:
+        if key is None:
+            self._key: bytes | None = None
+            self.kind = "sha256"
+            return
+        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
+            raise InvalidArgument(
+                "input_key must be bytes, at least 16 of them", code="INVALID_ARGUMENT"
+            )
+        self._key = bytes(key)
+        key_id = hmac.new(self._key, b"itemjournal input key id", hashlib.sha256).hexdigest()
+        self.kind = f"hmac-sha256:{key_id[:16]}"
+
+    def __call__(self, inputs: Mapping[str, str]) -> str:
+        data = _canonical_inputs(inputs)
+        if self._key is None:
+            return hashlib.sha256(data).hexdigest()
+        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"InputDigester(kind={self.kind!r})"
+
+
+def require_hash(value: object, what: str = "definition") -> str:
+    if not isinstance(value, str) or _HASH.fullmatch(value) is None:
+        raise InvalidArgument(
+            f"{what} must be 64 lowercase hex characters (see definition_digest), got {value!r}",
+            code="INVALID_HASH",
+        )
+    return value
+
+
+def definition_digest(definition: str | Callable[..., Any]) -> str:
+    """Fingerprint the code that performs an effect.
+
+    Given a callable, hash its source text (dedented), so any edit of it, comments
+    included, is a new definition. Given a version string such as ``"billing-v3"``,
+    hash that string, so only a deliberate bump is a new definition.
+    """
+    if isinstance(definition, str):
+        if not definition.strip():
+            raise InvalidArgument("a definition version must not be blank", code="INVALID_HASH")
+        material = "version\0" + definition
+    elif callable(definition):
+        target = inspect.unwrap(definition)
+        try:
+            source = inspect.getsource(target)
+        except (OSError, TypeError) as error:
+            raise InvalidArgument(
+                f"cannot read the source of {definition!r}; pass a version string instead",
+                code="INVALID_HASH",
+            ) from error
+        material = "source\0" + textwrap.dedent(source)
+    else:
+        raise InvalidArgument(
+            f"definition_digest takes a callable or a version string, not "
+            f"{type(definition).__name__}",
+            code="INVALID_HASH",
+        )
+    return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()

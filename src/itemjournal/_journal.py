@@ -1,0 +1,377 @@
+"""``Journal``: the public operations, on top of the state machine and one store."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from . import _machine as machine
+from ._errors import ConflictError, InvalidArgument, JournalError, UnresolvedClaim
+from ._filestore import FileStore
+from ._identity import (
+    Identity,
+    IdentityLike,
+    InputDigester,
+    coerce_identity,
+    identity_digest,
+    require_hash,
+)
+from ._owner import current_owner, owner_alive
+from ._records import Record, note_problem, receipt_problem, utc_now
+from ._store import Step, Store
+from ._view import Claim, RecordView, Reuse
+
+__all__ = ["Attempt", "Journal"]
+
+T = TypeVar("T")
+
+
+def _view(identity: Identity, record: Record | None) -> RecordView:
+    """Build a view; reads /proc for liveness, so only ever call it in a worker thread."""
+    alive = owner_alive(record.owner) if record is not None and record.status == "started" else None
+    return RecordView.of(identity, record, alive)
+
+
+def _refusing(identity: Identity, record: Record | None, call: Callable[[], T]) -> T:
+    """Run a state-machine call; a refusal leaves with the record's view attached."""
+    try:
+        return call()
+    except ConflictError as error:
+        error.view = _view(identity, record)
+        raise
+
+
+def _check_note(value: object, what: str) -> str:
+    problem = note_problem(value, what)
+    if problem:
+        raise InvalidArgument(problem, code="INVALID_ARGUMENT")
+    assert isinstance(value, str)
+    return value
+
+
+def _check_receipt(value: object) -> str:
+    problem = receipt_problem(value)
+    if problem:
+        raise InvalidArgument(problem, code="INVALID_RECEIPT")
+    assert isinstance(value, str)
+    return value
+
+
+class Journal:
+    """Durable intent before an external effect; the caller's declaration after it.
+
+    One ``Journal`` serves any number of tasks. Operations on one identity run one at
+    a time; operations on different identities run in parallel.
+    """
+
+    def __init__(self, store: Store, *, input_key: bytes | None = None) -> None:
+        self._store = store
+        self._digester = InputDigester(input_key)
+        self._meta = anyio.Lock()
+        self._busy: dict[Identity, anyio.Event] = {}
+
+    @classmethod
+    async def open(
+        cls, location: str | os.PathLike[str], *, input_key: bytes | None = None
+    ) -> Journal:
+        """Open (creating if needed) the journal at ``location``, an absolute directory."""
+        digester_check = InputDigester(input_key)  # refuse a bad key before touching disk
+        del digester_check
+        if not isinstance(location, (str, os.PathLike)):
+            raise InvalidArgument(
+                f"location must be an absolute directory path, not {type(location).__name__}",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
+        store = FileStore(location)
+        await store.open()
+        return cls(store, input_key=input_key)
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    @property
+    def input_kind(self) -> str:
+        """How this journal fingerprints inputs: ``sha256`` or ``hmac-sha256:<key id>``."""
+        return self._digester.kind
+
+    def __repr__(self) -> str:
+        return f"Journal({self._store!r})"
+
+    async def aclose(self) -> None:
+        await self._store.aclose()
+
+    async def __aenter__(self) -> Journal:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ one identity at a time
+
+    async def _acquire(self, identity: Identity) -> anyio.Event:
+        while True:
+            async with self._meta:
+                waiting = self._busy.get(identity)
+                if waiting is None:
+                    mine = self._busy[identity] = anyio.Event()
+                    return mine
+            await waiting.wait()
+
+    def _release(self, identity: Identity, mine: anyio.Event) -> None:
+        del self._busy[identity]
+        mine.set()
+
+    async def _apply(self, identity: Identity, step: Callable[[Record | None], Step[T]]) -> T:
+        mine = await self._acquire(identity)
+        try:
+            return await self._store.apply(identity, step)
+        finally:
+            self._release(identity, mine)
+
+    # ------------------------------------------------------------------ operations
+
+    async def begin(
+        self, identity: IdentityLike, inputs: Mapping[str, str], definition: str
+    ) -> Claim | Reuse:
+        """Durably record intent, then grant a ``Claim``; or ``Reuse`` a succeeded record."""
+        ident = coerce_identity(identity)
+        input_hash = self._digester(inputs)
+        definition_hash = require_hash(definition)
+        kind = self._digester.kind
+
+        def step(current: Record | None) -> Step[Claim | Reuse]:
+            new = _refusing(
+                ident,
+                current,
+                lambda: machine.begin(
+                    current,
+                    identity=ident,
+                    input_kind=kind,
+                    input_hash=input_hash,
+                    definition_hash=definition_hash,
+                    claim_id=secrets.token_hex(16),
+                    owner=current_owner(),
+                    now=utc_now(),
+                ),
+            )
+            if new is None:
+                assert current is not None
+                assert current.receipt is not None
+                return Step(None, Reuse(current.receipt, ident, current.attempt))
+            claim = Claim(
+                identity=ident,
+                input_hash=new.input_hash,
+                definition_hash=new.definition_hash,
+                claim_id=new.claim_id,
+                attempt=new.attempt,
+                key=identity_digest(ident),
+            )
+            return Step(new, claim)
+
+        return await self._apply(ident, step)
+
+    async def complete(self, claim: Claim, receipt: str) -> RecordView:
+        """Declare the claimed effect done; ``receipt`` is stored and reused by reruns."""
+        if not isinstance(claim, Claim):
+            raise InvalidArgument(
+                f"complete() takes the Claim that begin() returned, not {type(claim).__name__}",
+                code="INVALID_CLAIM",
+            )
+        receipt = _check_receipt(receipt)
+        ident = coerce_identity(claim.identity)
+
+        def step(current: Record | None) -> Step[RecordView]:
+            new = _refusing(
+                ident,
+                current,
+                lambda: machine.complete(
+                    current,
+                    claim_id=claim.claim_id,
+                    input_hash=claim.input_hash,
+                    definition_hash=claim.definition_hash,
+                    receipt=receipt,
+                    now=utc_now(),
+                ),
+            )
+            return Step(new, _view(ident, new))
+
+        return await self._apply(ident, step)
+
+    async def mark_review(self, identity: IdentityLike, reason: str | None = None) -> RecordView:
+        """Say the outcome of a started attempt is uncertain: ``needs_review``."""
+        ident = coerce_identity(identity)
+        if reason is not None:
+            reason = _check_note(reason, "a review reason")
+        return await self._mark_review(ident, reason, None)
+
+    async def _mark_review(
+        self, ident: Identity, reason: str | None, claim_id: str | None
+    ) -> RecordView:
+        def step(current: Record | None) -> Step[RecordView]:
+            new = _refusing(
+                ident,
+                current,
+                lambda: machine.mark_review(
+                    current, reason=reason, claim_id=claim_id, now=utc_now()
+                ),
+            )
+            return Step(new, _view(ident, new))
+
+        return await self._apply(ident, step)
+
+    async def resolve(
+        self,
+        identity: IdentityLike,
+        *,
+        receipt: str | None = None,
+        retry: bool = False,
+        note: str,
+    ) -> RecordView:
+        """An operator's decision on a ``needs_review`` record, audited in its history.
+
+        With ``receipt``: the effect did happen, the record becomes ``succeeded``.
+        With ``retry=True``: it verifiably did not, the record becomes ``released`` and
+        the identity may be claimed again.
+        """
+        ident = coerce_identity(identity)
+        if not isinstance(retry, bool):
+            raise InvalidArgument("retry must be True or False", code="INVALID_ARGUMENT")
+        if (receipt is None) == (not retry):
+            raise InvalidArgument(
+                "resolve() takes either receipt=... (it happened) or retry=True "
+                "(it verifiably did not), exactly one of them",
+                code="INVALID_ARGUMENT",
+            )
+        if receipt is not None:
+            receipt = _check_receipt(receipt)
+        note = _check_note(note, "a resolution note")
+
+        def step(current: Record | None) -> Step[RecordView]:
+            new = _refusing(
+                ident,
+                current,
+                lambda: machine.resolve(
+                    current, receipt=receipt, retry=retry, note=note, now=utc_now()
+                ),
+            )
+            return Step(new, _view(ident, new))
+
+        return await self._apply(ident, step)
+
+    async def inspect(self, identity: IdentityLike) -> RecordView:
+        """The record as it is now (``status == "absent"`` when there is none)."""
+        ident = coerce_identity(identity)
+        return await self._store.peek(ident, lambda record: _view(ident, record))
+
+    def claim(
+        self, identity: IdentityLike, inputs: Mapping[str, str], definition: str
+    ) -> ClaimContext:
+        """``async with journal.claim(...) as attempt``: begin, then settle on exit.
+
+        Leaving the block by an exception or a cancellation marks the record
+        ``needs_review`` (shielded from cancellation) and lets the exception go on;
+        leaving it normally without ``complete``/``mark_review`` marks it too and
+        raises ``UnresolvedClaim``.
+        """
+        return ClaimContext(self, identity, inputs, definition)
+
+
+class Attempt:
+    """What ``journal.claim()`` yields: either a fresh claim or a reused receipt."""
+
+    def __init__(self, journal: Journal, outcome: Claim | Reuse) -> None:
+        self._journal = journal
+        self.claim: Claim | None = outcome if isinstance(outcome, Claim) else None
+        self.receipt: str | None = outcome.receipt if isinstance(outcome, Reuse) else None
+        self.settled = isinstance(outcome, Reuse)
+        self.view: RecordView | None = None
+
+    @property
+    def reused(self) -> bool:
+        """True when the item already succeeded and ``receipt`` holds its receipt."""
+        return self.claim is None
+
+    def _own_claim(self, what: str) -> Claim:
+        if self.claim is None:
+            raise InvalidArgument(
+                f"nothing to {what}: this attempt reused a receipt", code="INVALID_CLAIM"
+            )
+        return self.claim
+
+    async def complete(self, receipt: str) -> RecordView:
+        claim = self._own_claim("complete")
+        self.view = await self._journal.complete(claim, receipt)
+        self.settled = True
+        self.receipt = receipt
+        return self.view
+
+    async def mark_review(self, reason: str | None = None) -> RecordView:
+        claim = self._own_claim("mark for review")
+        if reason is not None:
+            reason = _check_note(reason, "a review reason")
+        self.view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
+        self.settled = True
+        return self.view
+
+
+class ClaimContext:
+    """The async context manager behind ``Journal.claim``."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        identity: IdentityLike,
+        inputs: Mapping[str, str],
+        definition: str,
+    ) -> None:
+        self._journal = journal
+        self._args = (identity, inputs, definition)
+        self._attempt: Attempt | None = None
+
+    async def __aenter__(self) -> Attempt:
+        if self._attempt is not None:
+            raise RuntimeError("a claim context can be entered only once")
+        outcome = await self._journal.begin(*self._args)
+        self._attempt = Attempt(self._journal, outcome)
+        return self._attempt
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        attempt = self._attempt
+        if attempt is None or attempt.settled or attempt.claim is None:
+            return False
+        claim = attempt.claim
+        reason = (
+            "block ended without complete or mark_review"
+            if exc is None
+            else (f"block raised {type(exc).__name__}")
+        )
+        with anyio.CancelScope(shield=True):
+            try:
+                view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
+            except JournalError as error:
+                if exc is None:
+                    raise
+                exc.add_note(
+                    f"itemjournal could not mark {list(claim.identity)} for review: {error}"
+                )
+                return False
+        attempt.settled = True
+        attempt.view = view
+        if exc is None:
+            raise UnresolvedClaim(
+                f"the claim on {list(claim.identity)} ended unresolved; it now needs review",
+                view=view,
+            )
+        return False

@@ -1,0 +1,117 @@
+"""The state machine: given the current record and a request, the next record or a refusal.
+
+Pure functions. They know nothing of files, databases or threads; a store calls them
+with what it read and writes what they return (``None`` means: write nothing).
+"""
+
+from __future__ import annotations
+
+from ._errors import ConflictError
+from ._identity import Identity
+from ._records import Owner, Record
+
+__all__ = ["begin", "complete", "mark_review", "resolve", "sweep"]
+
+
+def begin(
+    current: Record | None,
+    *,
+    identity: Identity,
+    input_kind: str,
+    input_hash: str,
+    definition_hash: str,
+    claim_id: str,
+    owner: Owner,
+    now: str,
+) -> Record | None:
+    """A new ``started`` record (a claim), or None when a succeeded record is reused."""
+    if current is None or current.status == "released":
+        attempt = 1 if current is None else current.attempt + 1
+        fresh = Record(
+            identity=identity,
+            input_kind=input_kind,
+            input_hash=input_hash,
+            definition_hash=definition_hash,
+            claim_id=claim_id,
+            status="started",
+            receipt=None,
+            attempt=attempt,
+            created_at=now if current is None else current.created_at,
+            updated_at=now,
+            owner=owner,
+            review_reason=None,
+            history=() if current is None else current.history,
+        )
+        return fresh.advance("begin", "started", now)
+    if current.input_kind != input_kind:
+        raise ConflictError(
+            f"the record's inputs were fingerprinted with {current.input_kind!r}, this journal "
+            f"uses {input_kind!r}; open it with the input_key that wrote the record",
+            code="INPUT_KEY_MISMATCH",
+        )
+    if current.input_hash != input_hash:
+        raise ConflictError(
+            f"{current.status} record was made from other inputs", code="INPUT_CHANGED"
+        )
+    if current.definition_hash != definition_hash:
+        raise ConflictError(
+            f"{current.status} record was made by another definition", code="DEFINITION_CHANGED"
+        )
+    if current.status == "succeeded":
+        return None
+    raise ConflictError(
+        f"attempt {current.attempt} is {current.status}; an operator must resolve it",
+        code="REVIEW_REQUIRED",
+    )
+
+
+def complete(
+    current: Record | None,
+    *,
+    claim_id: str,
+    input_hash: str,
+    definition_hash: str,
+    receipt: str,
+    now: str,
+) -> Record:
+    if current is None or (current.claim_id, current.input_hash, current.definition_hash) != (
+        claim_id,
+        input_hash,
+        definition_hash,
+    ):
+        raise ConflictError("the claim does not own this record", code="CLAIM_MISMATCH")
+    if current.status != "started":
+        raise ConflictError(f"the record is {current.status}, not started", code="NOT_STARTED")
+    return current.advance("complete", "succeeded", now, receipt=receipt)
+
+
+def mark_review(
+    current: Record | None, *, reason: str | None, claim_id: str | None, now: str
+) -> Record:
+    if current is None:
+        raise ConflictError("no record: nothing was started", code="NOT_STARTED")
+    if claim_id is not None and current.claim_id != claim_id:
+        raise ConflictError("the claim does not own this record", code="CLAIM_MISMATCH")
+    if current.status != "started":
+        raise ConflictError(f"the record is {current.status}, not started", code="NOT_STARTED")
+    reason = reason or "marked for review"
+    return current.advance("mark_review", "needs_review", now, reason, review_reason=reason)
+
+
+def resolve(
+    current: Record | None, *, receipt: str | None, retry: bool, note: str, now: str
+) -> Record:
+    if current is None or current.status != "needs_review":
+        status = "absent" if current is None else current.status
+        raise ConflictError(f"the record is {status}, not needs_review", code="NOT_IN_REVIEW")
+    if receipt is not None:
+        return current.advance("resolve", "succeeded", now, note, receipt=receipt)
+    return current.advance("resolve", "released", now, note)
+
+
+def sweep(current: Record | None, *, owner_gone: bool, now: str) -> Record | None:
+    """Mark a started record whose owner process is gone for review; anything else stays."""
+    if current is None or current.status != "started" or not owner_gone:
+        return None
+    reason = "owner process gone"
+    return current.advance("sweep", "needs_review", now, reason, review_reason=reason)

@@ -1,0 +1,299 @@
+"""The record document (version 1): its fields, its encoding and its strict reading."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from ._errors import RecordInvalid
+from ._identity import Identity
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "MAX_RECORD_BYTES",
+    "STATUSES",
+    "Event",
+    "Owner",
+    "Record",
+    "decode_record",
+    "encode_record",
+    "receipt_problem",
+    "utc_now",
+]
+
+VERSION = 1
+MAX_RECORD_BYTES = 1024 * 1024
+HISTORY_LIMIT = 32
+MAX_RECEIPT_CHARS = 200
+MAX_NOTE_CHARS = 500
+STATUSES = ("started", "succeeded", "needs_review", "released")
+EVENTS = ("begin", "complete", "mark_review", "resolve", "sweep")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_KIND = re.compile(r"sha256|hmac-sha256:[0-9a-f]{16}")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00")
+
+
+def utc_now() -> str:
+    """Current UTC time, ISO-8601 with microseconds and an explicit offset."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def receipt_problem(receipt: object) -> str | None:
+    """Why ``receipt`` breaks the receipt rules, or None when it is acceptable."""
+    if not isinstance(receipt, str):
+        return f"a receipt is a str, not {type(receipt).__name__}"
+    if not receipt.strip():
+        return "a receipt must not be blank"
+    if len(receipt) > MAX_RECEIPT_CHARS:
+        return f"a receipt has at most {MAX_RECEIPT_CHARS} characters, got {len(receipt)}"
+    return None
+
+
+def note_problem(note: object, what: str) -> str | None:
+    if not isinstance(note, str):
+        return f"{what} is a str, not {type(note).__name__}"
+    if not note.strip():
+        return f"{what} must not be blank"
+    if len(note) > MAX_NOTE_CHARS:
+        return f"{what} has at most {MAX_NOTE_CHARS} characters, got {len(note)}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The process that holds a started claim."""
+
+    host: str
+    pid: int
+    started_at: str  # the process's own start time (UTC ISO-8601), tells a reused pid apart
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One transition, kept in the record's bounded history."""
+
+    at: str
+    event: str
+    status: str
+    attempt: int
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    identity: Identity
+    input_kind: str
+    input_hash: str
+    definition_hash: str
+    claim_id: str
+    status: str
+    receipt: str | None
+    attempt: int
+    created_at: str
+    updated_at: str
+    owner: Owner | None
+    review_reason: str | None
+    history: tuple[Event, ...] = field(default=())
+
+    def advance(
+        self, event: str, status: str, at: str, note: str | None = None, **changes: Any
+    ) -> Record:
+        """The next record: ``changes`` applied, the event appended to the bounded history."""
+        attempt = changes.get("attempt", self.attempt)
+        history = (*self.history, Event(at, event, status, attempt, note))[-HISTORY_LIMIT:]
+        return replace(self, status=status, updated_at=at, history=history, **changes)
+
+
+_KEYS = frozenset(
+    {
+        "version",
+        "identity",
+        "input_kind",
+        "input_hash",
+        "definition_hash",
+        "claim_id",
+        "status",
+        "receipt",
+        "attempt",
+        "created_at",
+        "updated_at",
+        "owner",
+        "review_reason",
+        "history",
+    }
+)
+_OWNER_KEYS = frozenset({"host", "pid", "started_at"})
+_EVENT_KEYS = frozenset({"at", "event", "status", "attempt", "note"})
+
+
+def encode_record(record: Record) -> bytes:
+    document: dict[str, Any] = {
+        "version": VERSION,
+        "identity": list(record.identity),
+        "input_kind": record.input_kind,
+        "input_hash": record.input_hash,
+        "definition_hash": record.definition_hash,
+        "claim_id": record.claim_id,
+        "status": record.status,
+        "receipt": record.receipt,
+        "attempt": record.attempt,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "owner": None
+        if record.owner is None
+        else {
+            "host": record.owner.host,
+            "pid": record.owner.pid,
+            "started_at": record.owner.started_at,
+        },
+        "review_reason": record.review_reason,
+        "history": [
+            {"at": e.at, "event": e.event, "status": e.status, "attempt": e.attempt, "note": e.note}
+            for e in record.history
+        ],
+    }
+    text = json.dumps(document, ensure_ascii=False, sort_keys=True, indent=1)
+    return (text + "\n").encode("utf-8")
+
+
+class _Bad(Exception):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _Bad(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _constant(name: str) -> Any:
+    raise _Bad(f"non-standard JSON constant {name}")
+
+
+def _str(value: Any, what: str, pattern: re.Pattern[str] | None = None) -> str:
+    if not isinstance(value, str):
+        raise _Bad(f"{what} is not a string")
+    if pattern is not None and pattern.fullmatch(value) is None:
+        raise _Bad(f"{what} is malformed")
+    return value
+
+
+def _int(value: Any, what: str, minimum: int) -> int:
+    if type(value) is not int or value < minimum:
+        raise _Bad(f"{what} is not an integer >= {minimum}")
+    return value
+
+
+def _opt_note(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    problem = note_problem(value, what)
+    if problem:
+        raise _Bad(problem)
+    return str(value)
+
+
+def _decode(data: bytes, expected: Identity) -> Record:
+    if len(data) > MAX_RECORD_BYTES:
+        raise _Bad(f"record is larger than {MAX_RECORD_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _Bad("record is not UTF-8") from error
+    try:
+        raw = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+    except (ValueError, RecursionError) as error:
+        raise _Bad(f"record is not valid JSON ({error})") from error
+    if type(raw) is not dict:
+        raise _Bad("record is not a JSON object")
+    if set(raw) != _KEYS:
+        missing = sorted(_KEYS - set(raw))
+        unknown = sorted(set(raw) - _KEYS)
+        raise _Bad(f"record fields wrong (missing {missing}, unknown {unknown})")
+    if type(raw["version"]) is not int or raw["version"] != VERSION:
+        raise _Bad(f"record version {raw['version']!r} is not {VERSION}")
+    identity = raw["identity"]
+    if (
+        type(identity) is not list
+        or len(identity) != 4
+        or not all(isinstance(p, str) and _LABEL.fullmatch(p) for p in identity)
+    ):
+        raise _Bad("identity is not a list of four labels")
+    if tuple(identity) != tuple(expected):
+        raise _Bad(f"record belongs to identity {identity}, not {list(expected)}")
+    status = raw["status"]
+    if status not in STATUSES:
+        raise _Bad(f"unknown status {status!r}")
+    receipt = raw["receipt"]
+    if status == "succeeded":
+        problem = receipt_problem(receipt)
+        if problem:
+            raise _Bad(f"succeeded record with a bad receipt: {problem}")
+    elif receipt is not None:
+        raise _Bad(f"a {status} record carries a receipt")
+    owner_raw = raw["owner"]
+    owner: Owner | None
+    if owner_raw is None:
+        owner = None
+    else:
+        if type(owner_raw) is not dict or set(owner_raw) != _OWNER_KEYS:
+            raise _Bad("owner is malformed")
+        owner = Owner(
+            host=_str(owner_raw["host"], "owner host"),
+            pid=_int(owner_raw["pid"], "owner pid", 1),
+            started_at=_str(owner_raw["started_at"], "owner started_at"),
+        )
+    if status == "started" and owner is None:
+        raise _Bad("a started record names no owner")
+    history_raw = raw["history"]
+    if type(history_raw) is not list or len(history_raw) > HISTORY_LIMIT:
+        raise _Bad(f"history is not a list of at most {HISTORY_LIMIT} events")
+    history = []
+    for entry in history_raw:
+        if type(entry) is not dict or set(entry) != _EVENT_KEYS:
+            raise _Bad("history entry is malformed")
+        if entry["event"] not in EVENTS or entry["status"] not in STATUSES:
+            raise _Bad("history entry names an unknown event or status")
+        history.append(
+            Event(
+                at=_str(entry["at"], "history time", _TIME),
+                event=entry["event"],
+                status=entry["status"],
+                attempt=_int(entry["attempt"], "history attempt", 1),
+                note=_opt_note(entry["note"], "history note"),
+            )
+        )
+    review_reason = _opt_note(raw["review_reason"], "review reason")
+    return Record(
+        identity=Identity(*identity),
+        input_kind=_str(raw["input_kind"], "input_kind", _KIND),
+        input_hash=_str(raw["input_hash"], "input_hash", _HEX64),
+        definition_hash=_str(raw["definition_hash"], "definition_hash", _HEX64),
+        claim_id=_str(raw["claim_id"], "claim_id", _HEX32),
+        status=status,
+        receipt=receipt,
+        attempt=_int(raw["attempt"], "attempt", 1),
+        created_at=_str(raw["created_at"], "created_at", _TIME),
+        updated_at=_str(raw["updated_at"], "updated_at", _TIME),
+        owner=owner,
+        review_reason=review_reason,
+        history=tuple(history),
+    )
+
+
+def decode_record(data: bytes, expected: Identity, *, location: str | None = None) -> Record:
+    """Read a record strictly; anything unexpected is ``RECORD_INVALID``."""
+    try:
+        return _decode(data, expected)
+    except _Bad as error:
+        where = f" at {location}" if location else ""
+        raise RecordInvalid(f"record{where} is invalid: {error}", location=location) from None

@@ -1,0 +1,55 @@
+"""The one seam between the journal and the bytes: the ``Store`` interface.
+
+A store knows how to read, create and replace record documents atomically and
+durably; it does not know what the statuses mean. The journal hands it a *step*:
+a pure function of the current record that says what to write (or nothing) and
+what to answer. The store runs the step and the write as one atomic unit, in one
+worker-thread trip (file store) or one transaction (database stores), and re-runs
+the step if it lost a race. A step may raise to refuse; then nothing is written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from ._identity import Identity
+from ._records import Record
+
+__all__ = ["Step", "StepFunction", "Store"]
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Step(Generic[T_co]):
+    """What a step decided: the record to write (``None``: write nothing) and the answer."""
+
+    write: Record | None
+    answer: T_co
+
+
+StepFunction = Callable[[Record | None], Step[T]]
+
+
+class Store(Protocol):
+    """Storage for record documents, one per identity."""
+
+    location: str
+
+    async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        """Read the record, run ``step`` on it, durably write what it returns, answer.
+
+        Atomic with respect to every other ``apply`` on the same identity, in this
+        process and in others. Acknowledges (returns) only after the write is durable;
+        on any failure nothing is acknowledged and the previous record is intact.
+        """
+        ...
+
+    async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        """Read the record and pass it to ``view`` (in the same worker trip)."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,71 @@
+"""What callers get back: claims, reuses and read-only views of records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._identity import Identity
+from ._records import Event, Owner, Record
+
+__all__ = ["Claim", "RecordView", "Reuse"]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Permission to perform the effect once; granted only after ``started`` is durable.
+
+    ``key`` is stable for the identity: pass it to the downstream service as *its*
+    idempotency key, so a retried attempt cannot double-charge there either.
+    """
+
+    identity: Identity
+    input_hash: str
+    definition_hash: str
+    claim_id: str
+    attempt: int
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """The item already succeeded with the same fingerprints: use its receipt."""
+
+    receipt: str
+    identity: Identity | None = None
+    attempt: int = 0
+    executed_here: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """A read-only picture of one record. ``executed_here`` is always False: the journal
+    records what callers declare, it never runs their work."""
+
+    identity: Identity
+    status: str
+    receipt: str | None = None
+    executed_here: bool = False
+    attempt: int = 0
+    created_at: str | None = None
+    updated_at: str | None = None
+    owner: Owner | None = None
+    owner_alive: bool | None = None
+    review_reason: str | None = None
+    history: tuple[Event, ...] = ()
+
+    @classmethod
+    def of(cls, identity: Identity, record: Record | None, owner_alive: bool | None) -> RecordView:
+        if record is None:
+            return cls(identity=identity, status="absent")
+        return cls(
+            identity=record.identity,
+            status=record.status,
+            receipt=record.receipt,
+            attempt=record.attempt,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            owner=record.owner,
+            owner_alive=owner_alive,
+            review_reason=record.review_reason,
+            history=record.history,
+        )
