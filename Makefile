@@ -12,7 +12,8 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/python examples/worker_loop.py
+	$(BIN)/python examples/worker_loop.py --root "$(CURDIR)/demo-journal" --fresh
+	$(BIN)/python examples/worker_loop.py --root "$(CURDIR)/demo-journal"
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples

@@ -1,0 +1,427 @@
+"""File-store throughput and event-loop lag, next to the bare system-call limit.
+
+Two workloads run side by side in one process, on asyncio and on trio:
+
+``journal``
+    ``Journal.open`` on a fresh directory, then ``begin`` + ``complete`` cycles, each
+    cycle on a new identity ``("bench", "file", "cycle", f"i{n}")``.
+
+``bare``
+    The same durable-save system calls the file store makes, without any journal
+    logic (no lock file, no read, no JSON, no state machine), one
+    ``anyio.to_thread.run_sync`` trip per save, like the store:
+
+    * begin: exclusive temp file (0600) → write the payload → fsync → close →
+      ``os.link`` to the record name → unlink the temp → fsync the directory;
+    * complete: temp file → write → fsync → close → ``os.replace`` → fsync the directory.
+
+    Records use the store's layout, ``root/<first two hex of sha256>/<sha256>.json``;
+    a fan-out directory is created on first use and the root is synced after it, as the
+    store does.
+
+Both run ``--concurrency`` tasks in one task group that share a cycle counter, while a
+ticker task sleeps 1 ms in a loop and records how late each wake-up is. Rounds alternate
+the order of the two workloads; the table shows medians over rounds, then the ratios
+journal/bare throughput (goal >= 0.70) and journal/bare p99 lag (goal <= 1.5).
+
+Run: ``.venv/bin/python benchmarks/bench_filestore.py [--cycles N] [--concurrency C]
+[--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+from itemjournal import Claim, Journal, definition_digest
+
+BACKENDS = ("asyncio", "trio")
+TICK = 0.001
+THROUGHPUT_GOAL = 0.70
+LAG_GOAL = 1.5
+IDLE_SECONDS = 0.25
+
+CycleFunction = Callable[[int], Awaitable[None]]
+
+
+# ---------------------------------------------------------------------- measurement
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile; NaN for an empty list."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured run of one workload."""
+
+    cycles: int
+    seconds: float
+    lags: tuple[float, ...]  # seconds late, one per ticker wake-up
+
+    @property
+    def rate(self) -> float:
+        return self.cycles / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def p50_ms(self) -> float:
+        return _percentile(list(self.lags), 0.50) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        return _percentile(list(self.lags), 0.99) * 1000
+
+
+async def _ticker(lags: list[float]) -> None:
+    """Sleep TICK in a loop and record how much later than asked each wake-up came."""
+    clock = time.perf_counter
+    while True:
+        expected = clock() + TICK
+        await anyio.sleep(TICK)
+        lags.append(max(0.0, clock() - expected))
+
+
+async def _measure(cycle: CycleFunction, cycles: int, concurrency: int) -> Sample:
+    """Run ``cycles`` cycles on ``concurrency`` tasks while the ticker watches the loop."""
+    lags: list[float] = []
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < cycles:
+            index = next_index
+            next_index += 1
+            await cycle(index)
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(_ticker, lags)
+        await anyio.sleep(0)  # let the ticker take its first step
+        started = time.perf_counter()
+        async with anyio.create_task_group() as workers:
+            for _ in range(concurrency):
+                workers.start_soon(worker)
+        elapsed = time.perf_counter() - started
+        outer.cancel_scope.cancel()
+    return Sample(cycles, elapsed, tuple(lags))
+
+
+async def _idle_sample() -> Sample:
+    """The ticker alone: the loop's own wake-up lateness, for reference."""
+    lags: list[float] = []
+    with anyio.move_on_after(IDLE_SECONDS):
+        await _ticker(lags)
+    return Sample(0, IDLE_SECONDS, tuple(lags))
+
+
+# ---------------------------------------------------------------------- workloads
+
+
+async def _remove(path: str) -> None:
+    await anyio.to_thread.run_sync(shutil.rmtree, path)
+
+
+async def run_journal(base: str, cycles: int, concurrency: int, payload: int) -> Sample:
+    """begin + complete cycles through ``Journal`` on a fresh file store."""
+    del payload  # the journal writes its own records
+    root = tempfile.mkdtemp(prefix="journal-", dir=base)
+    try:
+        definition = definition_digest("bench-filestore-v1")
+        async with await Journal.open(root) as journal:
+
+            async def cycle(index: int) -> None:
+                identity = ("bench", "file", "cycle", f"i{index}")
+                claim = await journal.begin(identity, {"n": str(index)}, definition)
+                if not isinstance(claim, Claim):
+                    raise RuntimeError(f"expected a fresh claim for {identity}, got {claim!r}")
+                await journal.complete(claim, f"receipt-{index}")
+
+            return await _measure(cycle, cycles, concurrency)
+    finally:
+        await _remove(root)
+
+
+def _sync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class BareSaves:
+    """The store's durable-save system calls and nothing else (worker-thread code)."""
+
+    def __init__(self, root: str, payload: int) -> None:
+        self.root = root
+        self.data = (b"0123456789abcdef" * (payload // 16 + 1))[:payload]
+        self.prefix = f".{os.getpid()}-bench-"
+        self.known_dirs: set[str] = set()
+
+    def _paths(self, index: int) -> tuple[str, str]:
+        digest = hashlib.sha256(f"i{index}".encode()).hexdigest()
+        directory = os.path.join(self.root, digest[:2])
+        if directory not in self.known_dirs:
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                pass
+            else:
+                _sync_dir(self.root)
+            self.known_dirs.add(directory)
+        return directory, os.path.join(directory, f"{digest}.json")
+
+    def _write_temp(self, directory: str) -> str:
+        temp = os.path.join(directory, f"{self.prefix}{secrets.token_hex(16)}.tmp")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temp, flags, 0o600)
+        try:
+            view = memoryview(self.data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return temp
+
+    def begin(self, index: int) -> None:
+        directory, target = self._paths(index)
+        temp = self._write_temp(directory)
+        os.link(temp, target, follow_symlinks=False)
+        os.unlink(temp)
+        _sync_dir(directory)
+
+    def complete(self, index: int) -> None:
+        directory, target = self._paths(index)
+        temp = self._write_temp(directory)
+        os.replace(temp, target)
+        _sync_dir(directory)
+
+
+async def run_bare(base: str, cycles: int, concurrency: int, payload: int) -> Sample:
+    """The same saves with no journal logic, one worker-thread trip per save."""
+    root = tempfile.mkdtemp(prefix="bare-", dir=base)
+    try:
+        saves = BareSaves(root, payload)
+
+        async def cycle(index: int) -> None:
+            await anyio.to_thread.run_sync(saves.begin, index)
+            await anyio.to_thread.run_sync(saves.complete, index)
+
+        return await _measure(cycle, cycles, concurrency)
+    finally:
+        await _remove(root)
+
+
+WORKLOADS = {"journal": run_journal, "bare": run_bare}
+
+
+# ---------------------------------------------------------------------- driver
+
+
+@dataclass
+class Settings:
+    cycles: int
+    concurrency: int
+    rounds: int
+    payload: int
+    base: str
+
+
+async def _run_backend(backend: str, settings: Settings) -> dict[str, list[Sample]]:
+    results: dict[str, list[Sample]] = {"journal": [], "bare": [], "idle": []}
+    # Warm up: worker threads, imports, caches; not recorded.
+    warmup = min(settings.cycles, settings.concurrency * 4)
+    for run in WORKLOADS.values():
+        await run(settings.base, warmup, settings.concurrency, settings.payload)
+    for round_index in range(settings.rounds):
+        order = ("journal", "bare") if round_index % 2 == 0 else ("bare", "journal")
+        for name in order:
+            sample = await WORKLOADS[name](
+                settings.base, settings.cycles, settings.concurrency, settings.payload
+            )
+            results[name].append(sample)
+            print(
+                f"  {backend:<7} round {round_index + 1}/{settings.rounds} {name:<7} "
+                f"{sample.rate:9.1f} cycles/s  p50 {sample.p50_ms:6.3f} ms  "
+                f"p99 {sample.p99_ms:7.3f} ms  ({sample.seconds:.2f} s, {len(sample.lags)} ticks)",
+                file=sys.stderr,
+                flush=True,
+            )
+        results["idle"].append(await _idle_sample())
+    return results
+
+
+def _median(values: list[float]) -> float:
+    finite = [value for value in values if not math.isnan(value)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if index < 2 else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> bool:
+    main_rows: list[list[str]] = []
+    ratio_rows: list[list[str]] = []
+    all_pass = True
+    for backend, by_workload in results.items():
+        medians: dict[str, tuple[float, float, float]] = {}
+        for name in ("journal", "bare", "idle"):
+            samples = by_workload[name]
+            medians[name] = (
+                _median([sample.rate for sample in samples]),
+                _median([sample.p50_ms for sample in samples]),
+                _median([sample.p99_ms for sample in samples]),
+            )
+            rate, p50, p99 = medians[name]
+            main_rows.append(
+                [
+                    backend,
+                    name,
+                    "-" if name == "idle" else f"{rate:.1f}",
+                    f"{p50:.3f}",
+                    f"{p99:.3f}",
+                ]
+            )
+        throughput = medians["journal"][0] / medians["bare"][0]
+        bare_p99 = medians["bare"][2]
+        lag = medians["journal"][2] / bare_p99 if bare_p99 > 0 else math.inf
+        throughput_ok = throughput >= THROUGHPUT_GOAL
+        lag_ok = lag <= LAG_GOAL
+        all_pass = all_pass and throughput_ok and lag_ok
+        ratio_rows.append(
+            [
+                backend,
+                f"{throughput:.2f}",
+                _verdict(throughput_ok),
+                f"{lag:.2f}",
+                _verdict(lag_ok),
+            ]
+        )
+
+    print()
+    print(
+        f"file store: begin+complete cycles, {settings.cycles} cycles x {settings.rounds} rounds, "
+        f"concurrency {settings.concurrency}, bare payload {settings.payload} B "
+        f"(medians over rounds; lag = lateness of a {TICK * 1000:g} ms sleep)"
+    )
+    print()
+    print(_table(["backend", "workload", "cycles/s", "p50 lag ms", "p99 lag ms"], main_rows))
+    print()
+    print(
+        _table(
+            [
+                "backend",
+                "journal/bare cycles/s",
+                f"goal >= {THROUGHPUT_GOAL:.2f}",
+                "journal/bare p99 lag",
+                f"goal <= {LAG_GOAL:.2f}",
+            ],
+            ratio_rows,
+        )
+    )
+    return all_pass
+
+
+def _pick_base(requested: str | None) -> str:
+    """A scratch directory on the repository's filesystem (the system temp dir if it is)."""
+    repo = Path(__file__).resolve().parent.parent
+    if requested is not None:
+        parent = requested
+    else:
+        parent = tempfile.gettempdir()
+        if os.stat(parent).st_dev != os.stat(repo).st_dev:
+            parent = str(repo / "benchmarks")
+    return tempfile.mkdtemp(prefix="itemjournal-bench-", dir=parent)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Journal file store vs the bare fsync limit: throughput and loop lag."
+    )
+    parser.add_argument("--cycles", type=_positive, default=600, help="cycles per run")
+    parser.add_argument("--concurrency", type=_positive, default=16, help="tasks per run")
+    parser.add_argument("--rounds", type=_positive, default=3, help="rounds per backend")
+    parser.add_argument(
+        "--payload", type=_positive, default=1024, help="bytes per bare save (default 1024)"
+    )
+    parser.add_argument(
+        "--backend", choices=[*BACKENDS, "both"], default="both", help="which anyio backend(s)"
+    )
+    parser.add_argument(
+        "--dir", default=None, help="parent of the scratch directory (default: system temp)"
+    )
+    args = parser.parse_args(argv)
+
+    backends = BACKENDS if args.backend == "both" else (args.backend,)
+    base = _pick_base(args.dir)
+    settings = Settings(args.cycles, args.concurrency, args.rounds, args.payload, base)
+    print(
+        f"python {platform.python_version()}, anyio {_version('anyio')}, "
+        f"trio {_version('trio')}, {os.cpu_count()} CPUs, scratch {base}",
+        file=sys.stderr,
+    )
+    started = time.perf_counter()
+    try:
+        results = {
+            backend: anyio.run(_run_backend, backend, settings, backend=backend)
+            for backend in backends
+        }
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    all_pass = _report(settings, results)
+    print(f"\ntotal {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0 if all_pass else 1
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

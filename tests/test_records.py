@@ -1,0 +1,186 @@
+"""The record document: encoding, strict reading, hostile files (SPEC §2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from itemjournal import Identity, Journal, RecordInvalid, definition_digest
+from itemjournal._records import (
+    HISTORY_LIMIT,
+    MAX_RECORD_BYTES,
+    Owner,
+    Record,
+    decode_record,
+    encode_record,
+)
+
+pytestmark = pytest.mark.anyio
+
+IDENTITY = Identity("shop", "billing", "charge", "order-1")
+OTHER = Identity("shop", "billing", "charge", "order-2")
+DEFINITION = definition_digest("billing-v1")
+NOW = "2026-11-30T00:00:00.000000+00:00"
+
+
+def started() -> Record:
+    record = Record(
+        identity=IDENTITY,
+        input_kind="sha256",
+        input_hash="a" * 64,
+        definition_hash=DEFINITION,
+        claim_id="b" * 32,
+        status="started",
+        receipt=None,
+        attempt=1,
+        created_at=NOW,
+        updated_at=NOW,
+        owner=Owner("host", 42, "2026-11-29T23:00:00.000+00:00"),
+        review_reason=None,
+    )
+    return record.advance("begin", "started", NOW)
+
+
+def document(record: Record | None = None) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(encode_record(record or started()))
+    return loaded
+
+
+def test_round_trip() -> None:
+    record = started().advance("complete", "succeeded", NOW, receipt="ch_1")
+    assert decode_record(encode_record(record), IDENTITY) == record
+
+
+def test_document_holds_the_contract_fields() -> None:
+    fields = set(document())
+    assert {
+        "version",
+        "identity",
+        "input_hash",
+        "definition_hash",
+        "claim_id",
+        "status",
+        "receipt",
+    } <= fields
+    assert {"attempt", "created_at", "updated_at", "owner", "review_reason", "history"} <= fields
+    assert document()["identity"] == list(IDENTITY)
+
+
+def test_history_is_bounded() -> None:
+    record = started()
+    for n in range(HISTORY_LIMIT * 2):
+        record = record.advance("begin", "started", NOW, note=f"n{n}")
+    assert len(record.history) == HISTORY_LIMIT
+    assert record.history[-1].note == f"n{HISTORY_LIMIT * 2 - 1}"
+    assert decode_record(encode_record(record), IDENTITY) == record
+
+
+def mutate(change: dict[str, Any] | None = None, drop: str | None = None) -> bytes:
+    doc = document()
+    doc.update(change or {})
+    if drop:
+        del doc[drop]
+    return json.dumps(doc).encode()
+
+
+BAD_DOCUMENTS = {
+    "not json": b"{not json",
+    "truncated": encode_record(started())[:-20],
+    "empty": b"",
+    "array": b"[]",
+    "not utf-8": b'{"version": "\xff"}',
+    "NaN constant": mutate({"attempt": float("nan")}),
+    "duplicate key": encode_record(started()).replace(b'"version"', b'"version": 1, "version"', 1),
+    "unknown field": mutate({"extra": 1}),
+    "missing field": mutate(drop="claim_id"),
+    "wrong version": mutate({"version": 2}),
+    "bool version": mutate({"version": True}),
+    "other identity": mutate({"identity": list(OTHER)}),
+    "identity of three": mutate({"identity": ["a", "b", "c"]}),
+    "bad label": mutate({"identity": ["shop", "billing", "charge", "../x"]}),
+    "unknown status": mutate({"status": "done"}),
+    "status not str": mutate({"status": ["started"]}),
+    "receipt on started": mutate({"receipt": "ch_1"}),
+    "succeeded without receipt": mutate({"status": "succeeded"}),
+    "blank receipt": mutate({"status": "succeeded", "receipt": "  "}),
+    "long receipt": mutate({"status": "succeeded", "receipt": "r" * 201}),
+    "receipt not str": mutate({"status": "succeeded", "receipt": 5}),
+    "short hash": mutate({"input_hash": "a" * 63}),
+    "upper hash": mutate({"definition_hash": "A" * 64}),
+    "claim id": mutate({"claim_id": "xyz"}),
+    "input kind": mutate({"input_kind": "md5"}),
+    "attempt zero": mutate({"attempt": 0}),
+    "attempt str": mutate({"attempt": "1"}),
+    "bad time": mutate({"created_at": "yesterday"}),
+    "started without owner": mutate({"owner": None}),
+    "owner fields": mutate({"owner": {"host": "h", "pid": 1}}),
+    "owner pid": mutate({"owner": {"host": "h", "pid": -1, "started_at": ""}}),
+    "history not list": mutate({"history": {}}),
+    "history entry": mutate({"history": [{"at": NOW}]}),
+    "history event": mutate(
+        {"history": [{"at": NOW, "event": "x", "status": "started", "attempt": 1, "note": None}]}
+    ),
+    "history too long": mutate(
+        {
+            "history": [
+                {"at": NOW, "event": "begin", "status": "started", "attempt": 1, "note": None}
+            ]
+            * (HISTORY_LIMIT + 1)
+        }
+    ),
+    "blank reason": mutate({"review_reason": " "}),
+    "deep nesting": b"[" * 100_000 + b"]" * 100_000,
+    "oversize": b" " * (MAX_RECORD_BYTES + 1) + encode_record(started()),
+}
+
+
+@pytest.mark.parametrize("data", BAD_DOCUMENTS.values(), ids=BAD_DOCUMENTS.keys())
+def test_strict_reading(data: bytes) -> None:
+    with pytest.raises(RecordInvalid) as caught:
+        decode_record(data, IDENTITY, location="/x")
+    assert caught.value.code == "RECORD_INVALID"
+    assert "/x" in str(caught.value)
+
+
+async def corrupt_on_disk(journal: Journal, data: bytes) -> Path:
+    """Begin the identity, then overwrite its record with ``data``."""
+    await journal.begin(IDENTITY, {"a": "1"}, DEFINITION)
+    path = journal.store.path_for(IDENTITY)  # type: ignore[attr-defined]
+    assert isinstance(path, Path)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "name", ["not json", "unknown field", "missing field", "other identity", "oversize"]
+)
+async def test_corrupt_record_is_reported_and_left_byte_for_byte(
+    journal: Journal, name: str
+) -> None:
+    data = BAD_DOCUMENTS[name]
+    path = await corrupt_on_disk(journal, data)
+    for call in (
+        lambda: journal.inspect(IDENTITY),
+        lambda: journal.begin(IDENTITY, {"a": "1"}, DEFINITION),
+        lambda: journal.mark_review(IDENTITY),
+        lambda: journal.resolve(IDENTITY, retry=True, note="checked"),
+    ):
+        with pytest.raises(RecordInvalid) as caught:
+            await call()
+        assert caught.value.code == "RECORD_INVALID"
+        assert path.read_bytes() == data
+
+
+async def test_record_copied_to_another_identity_is_invalid(journal: Journal) -> None:
+    await journal.begin(OTHER, {}, DEFINITION)
+    store = journal.store
+    source = store.path_for(OTHER)  # type: ignore[attr-defined]
+    target = store.path_for(IDENTITY)  # type: ignore[attr-defined]
+    target.parent.mkdir(mode=0o700, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+    with pytest.raises(RecordInvalid):
+        await journal.begin(IDENTITY, {}, DEFINITION)
+    assert target.read_bytes() == source.read_bytes()
