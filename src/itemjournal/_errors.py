@@ -28,8 +28,7 @@ class JournalError(Exception):
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
-        if code is not None:
-            self.code = code
+        self.code = code if code is not None else type(self).code
         self.message = message
 
     def __str__(self) -> str:
@@ -44,7 +43,8 @@ def _rebuild(
 ) -> JournalError:
     error = cls.__new__(cls)
     JournalError.__init__(error, message, code=code)
-    error.__dict__.update(state)
+    for name, value in state.items():
+        setattr(error, name, value)
     return error
 
 
@@ -111,3 +111,7 @@ class StorageFailed(JournalError, OSError):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        state = dict(self.__dict__, errno=self.errno, strerror=self.strerror)
+        return (_rebuild, (type(self), self.message, self.code, state))
