@@ -19,7 +19,8 @@ from itemjournal import (
 
 def test_codes_and_bases() -> None:
     argument = InvalidArgument("bad label", code="INVALID_LABEL")
-    assert isinstance(argument, ValueError) and isinstance(argument, JournalError)
+    assert isinstance(argument, ValueError)
+    assert isinstance(argument, JournalError)
     assert str(argument) == "INVALID_LABEL: bad label"
     assert RecordInvalid("x").code == "RECORD_INVALID"
     assert UnresolvedClaim("x").code == "UNRESOLVED_CLAIM"

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,8 +25,6 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from conftest import JournalFactory
@@ -72,11 +71,13 @@ async def test_begin_absent_makes_a_durable_started_record_first(journal: Journa
     assert claim.identity == Identity(*ITEM)
     assert claim.input_hash == input_digest(INPUTS)
     assert claim.definition_hash == V1
-    assert len(claim.claim_id) == 32 and int(claim.claim_id, 16) >= 0
+    assert len(claim.claim_id) == 32
+    assert int(claim.claim_id, 16) >= 0
     assert claim.attempt == 1
     view = await journal.inspect(ITEM)
     assert view.status == "started"
-    assert view.owner is not None and view.owner.pid == os.getpid()
+    assert view.owner is not None
+    assert view.owner.pid == os.getpid()
     assert view.owner_alive is True
     assert view.executed_here is False
     assert [e.event for e in view.history] == ["begin"]
@@ -123,7 +124,8 @@ async def test_unresolved_work_is_review_required(
 ) -> None:
     await setup(journal)  # type: ignore[operator]
     error = await expect("REVIEW_REQUIRED", journal.begin(ITEM, INPUTS, V1))
-    assert error.view is not None and error.view.status == status
+    assert error.view is not None
+    assert error.view.status == status
 
 
 async def test_released_record_is_claimable_with_its_own_fingerprints(journal: Journal) -> None:
@@ -135,8 +137,15 @@ async def test_released_record_is_claimable_with_its_own_fingerprints(journal: J
     assert second.attempt == 2
     assert second.input_hash == input_digest({"amount": "12.00"})
     view = await journal.complete(second, "ch_2")
-    assert view.status == "succeeded" and view.attempt == 2
-    assert [e.event for e in view.history] == ["begin", "mark_review", "resolve", "begin", "complete"]
+    assert view.status == "succeeded"
+    assert view.attempt == 2
+    assert [e.event for e in view.history] == [
+        "begin",
+        "mark_review",
+        "resolve",
+        "begin",
+        "complete",
+    ]
     await expect("CLAIM_MISMATCH", journal.complete(first, "ch_1"))
 
 
@@ -201,7 +210,8 @@ async def test_forged_claims_are_claim_mismatch(journal: Journal, forgery: dict[
 async def test_second_completion_is_not_started(journal: Journal) -> None:
     claim = await succeeded(journal)
     error = await expect("NOT_STARTED", journal.complete(claim, "ch_again"))
-    assert error.view is not None and error.view.receipt == "ch_1"
+    assert error.view is not None
+    assert error.view.receipt == "ch_1"
 
 
 async def test_completion_after_review_is_not_started(journal: Journal) -> None:
@@ -223,7 +233,8 @@ async def test_mark_review_of_started(journal: Journal) -> None:
 async def test_mark_review_without_reason(journal: Journal) -> None:
     await claimed(journal)
     view = await journal.mark_review(ITEM)
-    assert view.status == "needs_review" and view.review_reason
+    assert view.status == "needs_review"
+    assert view.review_reason
 
 
 @pytest.mark.parametrize("setup", [None, in_review, succeeded])
@@ -248,7 +259,8 @@ async def test_mark_review_refuses_bad_reasons(journal: Journal, reason: object)
 async def test_resolve_with_receipt_succeeds_and_is_audited(journal: Journal) -> None:
     await in_review(journal)
     view = await journal.resolve(ITEM, receipt="ch_found", note="found in provider dashboard")
-    assert view.status == "succeeded" and view.receipt == "ch_found"
+    assert view.status == "succeeded"
+    assert view.receipt == "ch_found"
     assert view.history[-1].event == "resolve"
     assert view.history[-1].note == "found in provider dashboard"
     assert isinstance(await journal.begin(ITEM, INPUTS, V1), Reuse)
@@ -257,7 +269,8 @@ async def test_resolve_with_receipt_succeeds_and_is_audited(journal: Journal) ->
 async def test_resolve_with_retry_releases(journal: Journal) -> None:
     await in_review(journal)
     view = await journal.resolve(ITEM, retry=True, note="no charge at provider")
-    assert view.status == "released" and view.receipt is None
+    assert view.status == "released"
+    assert view.receipt is None
 
 
 @pytest.mark.parametrize("setup", [None, claimed, succeeded])
@@ -354,7 +367,8 @@ async def test_reopening_through_a_second_journal(make_journal: JournalFactory) 
     view = await second.complete(claim, "ch_1")
     assert view.status == "succeeded"
     outcome = await first.begin(ITEM, INPUTS, V1)
-    assert isinstance(outcome, Reuse) and outcome.receipt == "ch_1"
+    assert isinstance(outcome, Reuse)
+    assert outcome.receipt == "ch_1"
 
 
 async def test_a_new_process_reuses_the_receipt_and_refuses_unresolved_work(

@@ -18,7 +18,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -177,7 +177,45 @@ class FileStore:
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         return await anyio.to_thread.run_sync(self._peek_sync, identity, view)
 
+    async def scan(self, *, batch: int = 256) -> AsyncIterator[Record | RecordInvalid]:
+        paths = await anyio.to_thread.run_sync(self._list_sync)
+        for start in range(0, len(paths), batch):
+            chunk = paths[start : start + batch]
+            for item in await anyio.to_thread.run_sync(self._load_sync, chunk):
+                yield item
+
     # ------------------------------------------------------------------ worker-thread code
+
+    def _list_sync(self) -> list[str]:
+        """Paths of every file named like a record (the names say nothing else)."""
+        paths: list[str] = []
+        try:
+            fanouts = sorted(e.path for e in os.scandir(self.root) if _FANOUT.fullmatch(e.name))
+            for fanout in fanouts:
+                names = sorted(
+                    entry.name for entry in os.scandir(fanout) if _RECORD_NAME.fullmatch(entry.name)
+                )
+                paths.extend(os.path.join(fanout, name) for name in names)
+        except OSError as error:
+            raise _fail(f"cannot list the records in {self.location}", error) from error
+        return paths
+
+    def _load_sync(self, paths: list[str]) -> list[Record | RecordInvalid]:
+        loaded: list[Record | RecordInvalid] = []
+        for path in paths:
+            digest = os.path.basename(path)[:-5]
+            try:
+                data = self._read(path)
+                if data is None:  # removed since the listing
+                    continue
+                if os.path.basename(os.path.dirname(path)) != digest[:2]:
+                    raise RecordInvalid(
+                        f"record at {path} is in the wrong directory", location=path
+                    )
+                loaded.append(decode_record(data, digest, location=path))
+            except RecordInvalid as error:
+                loaded.append(error)
+        return loaded
 
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         path = str(self.path_for(identity))

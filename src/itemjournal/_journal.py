@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 
 from . import _machine as machine
-from ._errors import ConflictError, InvalidArgument, JournalError, UnresolvedClaim
+from ._errors import ConflictError, InvalidArgument, JournalError, RecordInvalid, UnresolvedClaim
 from ._filestore import FileStore
 from ._identity import (
     Identity,
@@ -269,6 +269,29 @@ class Journal:
         """The record as it is now (``status == "absent"`` when there is none)."""
         ident = coerce_identity(identity)
         return await self._store.peek(ident, lambda record: _view(ident, record))
+
+    async def sweep(self) -> list[RecordView]:
+        """Mark ``started`` records whose owner process on this host is gone ``needs_review``.
+
+        An explicit call, never a replay: the swept records refuse ``begin`` until an
+        operator resolves them. A live owner's claim, or one on another host, is never
+        touched. Returns the views of the records it marked.
+        """
+        swept: list[RecordView] = []
+        async for record in self._store.scan():
+            if isinstance(record, RecordInvalid) or record.status != "started":
+                continue
+            ident = record.identity
+
+            def step(current: Record | None, ident: Identity = ident) -> Step[RecordView | None]:
+                gone = current is not None and owner_alive(current.owner) is False
+                new = machine.sweep(current, owner_gone=gone, now=utc_now())
+                return Step(new, None if new is None else _view(ident, new))
+
+            view = await self._apply(ident, step)
+            if view is not None:
+                swept.append(view)
+        return swept
 
     def claim(
         self, identity: IdentityLike, inputs: Mapping[str, str], definition: str

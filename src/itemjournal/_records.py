@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ._errors import RecordInvalid
-from ._identity import Identity
+from ._identity import Identity, identity_digest
 
 __all__ = [
     "HISTORY_LIMIT",
@@ -202,7 +202,7 @@ def _opt_note(value: Any, what: str) -> str | None:
     return str(value)
 
 
-def _decode(data: bytes, expected: Identity) -> Record:
+def _decode(data: bytes, expected: Identity | str) -> Record:
     if len(data) > MAX_RECORD_BYTES:
         raise _Bad(f"record is larger than {MAX_RECORD_BYTES} bytes")
     try:
@@ -228,7 +228,10 @@ def _decode(data: bytes, expected: Identity) -> Record:
         or not all(isinstance(p, str) and _LABEL.fullmatch(p) for p in identity)
     ):
         raise _Bad("identity is not a list of four labels")
-    if tuple(identity) != tuple(expected):
+    if isinstance(expected, str):
+        if identity_digest(Identity(*identity)) != expected:
+            raise _Bad(f"record of identity {identity} is stored under another identity's name")
+    elif tuple(identity) != tuple(expected):
         raise _Bad(f"record belongs to identity {identity}, not {list(expected)}")
     status = raw["status"]
     if status not in STATUSES:
@@ -290,8 +293,12 @@ def _decode(data: bytes, expected: Identity) -> Record:
     )
 
 
-def decode_record(data: bytes, expected: Identity, *, location: str | None = None) -> Record:
-    """Read a record strictly; anything unexpected is ``RECORD_INVALID``."""
+def decode_record(data: bytes, expected: Identity | str, *, location: str | None = None) -> Record:
+    """Read a record strictly; anything unexpected is ``RECORD_INVALID``.
+
+    ``expected`` is the identity asked for, or (when scanning) the identity digest the
+    record's location was derived from.
+    """
     try:
         return _decode(data, expected)
     except _Bad as error:

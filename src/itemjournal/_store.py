@@ -10,10 +10,11 @@ the step if it lost a race. A step may raise to refuse; then nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from ._errors import RecordInvalid
 from ._identity import Identity
 from ._records import Record
 
@@ -50,6 +51,13 @@ class Store(Protocol):
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         """Read the record and pass it to ``view`` (in the same worker trip)."""
+        ...
+
+    def scan(self) -> AsyncIterator[Record | RecordInvalid]:
+        """Every stored record, in no promised order; an unreadable one as ``RecordInvalid``.
+
+        Reads in batches (one worker trip each); records may change while a scan runs.
+        """
         ...
 
     async def aclose(self) -> None: ...

@@ -1,0 +1,238 @@
+"""Many processes over one journal directory: exclusive claims, no lost transitions,
+survival of SIGKILL, and ``sweep`` of dead owners' claims (SPEC §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import pytest
+
+from itemjournal import Claim, ConflictError, FileStore, Journal, StorageFailed, definition_digest
+from itemjournal._records import decode_record
+
+pytestmark = pytest.mark.anyio
+
+WORKER = str(Path(__file__).with_name("_mp_worker.py"))
+DEFINITION = definition_digest("mp-v1")
+INPUTS = {"n": "1"}
+
+
+def spawn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, WORKER, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], stdin: str = "") -> str:
+    out, _ = process.communicate(stdin, timeout=120)
+    assert process.returncode == 0, out
+    return out
+
+
+def every_record_valid(root: Path) -> int:
+    count = 0
+    for path in root.glob("??/*.json"):
+        decode_record(path.read_bytes(), path.stem, location=str(path))
+        count += 1
+    return count
+
+
+async def test_eight_processes_race_for_500_identities(root: Path, anyio_backend: str) -> None:
+    await Journal.open(str(root))
+    processes = [spawn("race", str(root), anyio_backend, str(seed), "500") for seed in range(8)]
+    reports = [json.loads(await anyio.to_thread.run_sync(finish, p)) for p in processes]
+    claims = Counter(n for report in reports for n in report["claimed"])
+    refused = sum(report["refused"] for report in reports)
+    print(f"\n8 processes x 500 begins: {sum(claims.values())} claims, {refused} refusals")
+    assert sorted(claims) == list(range(500))
+    assert set(claims.values()) == {1}
+    assert refused == 7 * 500
+    assert every_record_valid(root) == 500
+
+
+async def test_contested_transitions_lose_no_update(root: Path, anyio_backend: str) -> None:
+    journal = await Journal.open(str(root))
+    claims = []
+    for n in range(500):
+        claim = await journal.begin(("mp", "contest", "job", f"c{n}"), INPUTS, DEFINITION)
+        assert isinstance(claim, Claim)
+        claims.append(dataclasses.asdict(claim))
+    claims_file = root.parent / "claims.json"
+    claims_file.write_text(json.dumps(claims))
+    completer = spawn("transition", str(root), anyio_backend, "1", "complete", str(claims_file))
+    reviewer = spawn("transition", str(root), anyio_backend, "2", "review", str(claims_file))
+    for process in (completer, reviewer):
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "ready"
+    for process in (completer, reviewer):  # start both at once
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    completed = json.loads(await anyio.to_thread.run_sync(finish, completer))
+    reviewed = json.loads(await anyio.to_thread.run_sync(finish, reviewer))
+    outcomes = Counter()
+    for claim in claims:
+        name = claim["identity"][3]
+        pair = (completed[name], reviewed[name])
+        outcomes[pair] += 1
+        view = await journal.inspect(claim["identity"])
+        if pair == ("ok", "NOT_STARTED"):
+            assert view.status == "succeeded"
+            assert view.receipt == f"r-{name}"
+        else:
+            assert pair == ("NOT_STARTED", "ok"), pair
+            assert view.status == "needs_review"
+            assert view.review_reason == "contested"
+        assert next(e.event for e in view.history) == "begin"
+        assert len(view.history) == 2
+    print(f"\n1000 contested transitions: {dict(outcomes)}")
+    assert outcomes[("ok", "NOT_STARTED")] > 0
+    assert outcomes[("NOT_STARTED", "ok")] > 0
+
+
+def lock_is_free(path: Path) -> bool:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+async def test_sigkill_at_random_moments(root: Path, anyio_backend: str) -> None:
+    await Journal.open(str(root))
+    log = root.parent / "acks.log"
+    zygote = spawn("zygote", str(root), anyio_backend, str(log))
+    assert zygote.stdin is not None
+    assert zygote.stdout is not None
+    assert zygote.stdout.readline().strip() == "ready"
+    rng = random.Random(20261130)
+    kills = 100
+    for seed in range(kills):
+        zygote.stdin.write(f"fork {seed}\n")
+        zygote.stdin.flush()
+        pid = int(zygote.stdout.readline())
+        await anyio.sleep(rng.uniform(0.005, 0.06))
+        os.kill(pid, signal.SIGKILL)
+        zygote.stdin.write(f"wait {pid}\n")
+        zygote.stdin.flush()
+        status = int(zygote.stdout.readline())
+        assert os.WIFSIGNALED(status)
+        assert os.WTERMSIG(status) == signal.SIGKILL
+    finish(zygote)
+
+    locks = list(root.glob("??/.lock"))
+    assert locks
+    assert all(lock_is_free(lock) for lock in locks)
+    temps_before = len(list(root.glob("??/*.tmp")))
+    records = every_record_valid(root)
+
+    acks = [line.split() for line in log.read_text().splitlines()]
+    store = FileStore(str(root), temp_grace=0)
+    await store.open()  # every writer is dead: their temp files go
+    assert not list(root.glob("??/*.tmp"))
+    journal = Journal(store)
+    for event, seed, n in acks:
+        view = await journal.inspect(("mp", "churn", f"s{seed}", f"n{n}"))
+        if event == "claimed":
+            assert view.status in {"started", "succeeded", "needs_review"}
+        elif event == "completed":
+            assert view.status == "succeeded"
+            assert view.receipt == f"r{n}"
+        else:
+            assert view.status == "needs_review"
+
+    started = []
+    async for record in store.scan():
+        assert not isinstance(record, Exception)
+        if record.status == "started":
+            started.append(record.identity)
+            assert (await journal.inspect(record.identity)).owner_alive is False
+    swept = await journal.sweep()
+    assert sorted(view.identity for view in swept) == sorted(started)
+    for view in swept:
+        assert view.status == "needs_review"
+        assert view.review_reason == "owner process gone"
+        assert view.history[-1].event == "sweep"
+    assert await journal.sweep() == []
+    print(
+        f"\n{kills} SIGKILLs: {len(acks)} acknowledgements kept, {records} valid records, "
+        f"{temps_before} temp files swept, {len(swept)} dead claims marked for review"
+    )
+
+
+async def test_a_live_owners_claim_is_never_swept(root: Path, anyio_backend: str) -> None:
+    journal = await Journal.open(str(root))
+    mine = await journal.begin(("mp", "live", "owner", "mine"), INPUTS, DEFINITION)
+    assert isinstance(mine, Claim)
+    other = spawn("hold", str(root), anyio_backend, "theirs")
+    assert other.stdout is not None
+    assert other.stdout.readline().strip() == "held"
+    try:
+        assert await journal.sweep() == []
+        theirs = await journal.inspect(("mp", "live", "owner", "theirs"))
+        assert theirs.status == "started"
+        assert theirs.owner_alive is True
+        assert theirs.owner is not None
+        assert theirs.owner.pid == other.pid
+        assert (await journal.inspect(mine.identity)).status == "started"
+    finally:
+        finish(other, "\n")
+    # Now the owner is gone: the same call takes its claim, and only its claim.
+    swept = await journal.sweep()
+    assert [view.identity.item for view in swept] == ["theirs"]
+    assert (await journal.inspect(mine.identity)).status == "started"
+
+
+async def test_owner_elsewhere_is_unknown_not_dead(root: Path) -> None:
+    journal = await Journal.open(str(root))
+    claim = await journal.begin(("mp", "remote", "owner", "x"), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    path = journal.store.path_for(claim.identity)  # type: ignore[attr-defined]
+    document = json.loads(path.read_text())
+    document["owner"]["host"] = "another-host.example"
+    path.write_text(json.dumps(document))
+    assert (await journal.inspect(claim.identity)).owner_alive is None
+    assert await journal.sweep() == []
+
+
+async def test_a_held_lock_times_out_with_a_clear_error(root: Path) -> None:
+    store = FileStore(str(root), lock_timeout=0.2)
+    await store.open()
+    journal = Journal(store)
+    ident = ("mp", "lock", "held", "x")
+    claim = await journal.begin(ident, INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    lock = store.path_for(claim.identity).parent / ".lock"
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageFailed) as caught:
+            await journal.complete(claim, "r")
+        assert 0.2 <= time.monotonic() - started < 5
+        assert "stayed held" in str(caught.value)
+        with anyio.move_on_after(0.05) as scope:  # waiting for the lock is cancellable
+            await journal.complete(claim, "r")
+        assert scope.cancelled_caught
+    finally:
+        os.close(fd)
+    assert (await journal.complete(claim, "r")).status == "succeeded"
+    with pytest.raises(ConflictError):
+        await journal.complete(claim, "r")
