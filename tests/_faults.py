@@ -23,7 +23,8 @@ __all__ = ["Call", "FaultyFileSystem", "RunawayLoop"]
 
 T = TypeVar("T")
 
-class RunawayLoop(AssertionError):  # noqa: N818 - it is a failure, not an error to handle
+
+class RunawayLoop(AssertionError):
     """Raised by the seam itself when the store keeps calling after it should have stopped."""
 
 
@@ -47,7 +48,7 @@ class _Fault:
     seen: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class FaultyFileSystem(FileSystem):
     """Pass-through file system with armed faults, short writes and a call log."""
 
@@ -114,7 +115,9 @@ class FaultyFileSystem(FileSystem):
 
     # ------------------------------------------------------------------ plumbing
 
-    def _before(self, method: str, path: str | None, fd: int | None) -> tuple[str | None, int | None]:
+    def _before(
+        self, method: str, path: str | None, fd: int | None
+    ) -> tuple[str | None, int | None]:
         """The runaway guard and the armed faults; returns the call's path and handle."""
         with self._lock:
             count = self._counts[method] = self._counts.get(method, 0) + 1
@@ -162,7 +165,7 @@ class FaultyFileSystem(FileSystem):
     # ------------------------------------------------------------------ the seam
 
     def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        fd = self._run("open", path, None, lambda: super(FaultyFileSystem, self).open(path, flags, mode))
+        fd = self._run("open", path, None, lambda: FileSystem.open(self, path, flags, mode))
         assert isinstance(fd, int)
         self._opened(fd, path)
         return fd
@@ -174,58 +177,55 @@ class FaultyFileSystem(FileSystem):
         if limit == 0:
             self._run("write", None, fd, lambda: 0)
             return 0
-        written = self._run("write", None, fd, lambda: super(FaultyFileSystem, self).write(fd, data))
+        written = self._run("write", None, fd, lambda: FileSystem.write(self, fd, data))
         assert isinstance(written, int)
         return written
 
     def fsync(self, fd: int) -> None:
-        self._run("fsync", None, fd, lambda: super(FaultyFileSystem, self).fsync(fd))
+        self._run("fsync", None, fd, lambda: FileSystem.fsync(self, fd))
 
     def close(self, fd: int) -> None:
         self._close("close", fd)
 
     def link(self, source: str, destination: str) -> None:
-        self._run(
-            "link", destination, None, lambda: super(FaultyFileSystem, self).link(source, destination)
-        )
+        self._run("link", destination, None, lambda: FileSystem.link(self, source, destination))
 
     def replace(self, source: str, destination: str) -> None:
         self._run(
             "replace",
             destination,
             None,
-            lambda: super(FaultyFileSystem, self).replace(source, destination),
+            lambda: FileSystem.replace(self, source, destination),
         )
 
     def unlink(self, path: str) -> None:
-        self._run("unlink", path, None, lambda: super(FaultyFileSystem, self).unlink(path))
+        self._run("unlink", path, None, lambda: FileSystem.unlink(self, path))
 
     def open_dir(self, path: str) -> int:
-        fd = self._run("open_dir", path, None, lambda: super(FaultyFileSystem, self).open_dir(path))
+        fd = self._run("open_dir", path, None, lambda: FileSystem.open_dir(self, path))
         assert isinstance(fd, int)
         self._opened(fd, path)
         return fd
 
     def fsync_dir(self, fd: int) -> None:
-        self._run("fsync_dir", None, fd, lambda: super(FaultyFileSystem, self).fsync_dir(fd))
+        self._run("fsync_dir", None, fd, lambda: FileSystem.fsync_dir(self, fd))
 
     def close_dir(self, fd: int) -> None:
         self._close("close_dir", fd)
 
     def _close(self, method: str, fd: int) -> None:
-        # Like Linux, an injected close error still releases the descriptor.
         try:
-            self._run(method, None, fd, lambda: os.close(fd))
+            path, handle = self._before(method, None, fd)
         except OSError:
-            if fd in self._handles:
-                self._quiet_close(fd)
-            raise
-        finally:
+            # As on Linux, a close that reports an error still releases the descriptor.
             self._closed(fd)
-
-    @staticmethod
-    def _quiet_close(fd: int) -> None:
+            os.close(fd)
+            raise
+        self._closed(fd)
         try:
             os.close(fd)
         except OSError:
-            pass
+            with self._lock:
+                self.calls.append(Call(method, path, handle, failed=True))
+            raise
+        self._log(method, path, handle)

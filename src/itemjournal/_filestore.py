@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import anyio
-import anyio.to_thread
 
 from ._errors import RecordInvalid, StorageFailed
 from ._fileio import FileSystem
@@ -31,6 +30,7 @@ from ._identity import Identity, identity_digest
 from ._owner import process_start
 from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
 from ._store import Step, StepFunction
+from ._threads import run_in_thread
 
 __all__ = ["FileStore"]
 
@@ -104,7 +104,7 @@ class FileStore:
 
     async def open(self) -> None:
         """Create the root if needed and sweep temp files no live writer can own."""
-        await anyio.to_thread.run_sync(self._open_sync)
+        await run_in_thread(self._open_sync)
 
     def _open_sync(self) -> None:
         try:
@@ -160,7 +160,7 @@ class FileStore:
         deadline: float | None = None
         delay = 0.0005
         while True:
-            result = await anyio.to_thread.run_sync(self._apply_sync, identity, step)
+            result = await run_in_thread(self._apply_sync, identity, step)
             if not isinstance(result, _Busy):
                 return result
             now = anyio.current_time()
@@ -175,13 +175,13 @@ class FileStore:
             delay = min(delay * 2, 0.05)
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
-        return await anyio.to_thread.run_sync(self._peek_sync, identity, view)
+        return await run_in_thread(self._peek_sync, identity, view)
 
     async def scan(self, *, batch: int = 256) -> AsyncIterator[Record | RecordInvalid]:
-        paths = await anyio.to_thread.run_sync(self._list_sync)
+        paths = await run_in_thread(self._list_sync)
         for start in range(0, len(paths), batch):
             chunk = paths[start : start + batch]
-            for item in await anyio.to_thread.run_sync(self._load_sync, chunk):
+            for item in await run_in_thread(self._load_sync, chunk):
                 yield item
 
     # ------------------------------------------------------------------ worker-thread code
@@ -247,6 +247,10 @@ class FileStore:
                 data = self._read(target)
                 current = None if data is None else decode_record(data, identity, location=target)
                 decision: Step[T] = step(current)
+                if decision.delete:
+                    if data is not None:
+                        self._delete(directory, target)
+                    return decision.answer
                 if decision.write is None:
                     return decision.answer
                 encoded = encode_record(decision.write)
@@ -267,10 +271,17 @@ class FileStore:
             os.close(lock_fd)  # also releases the flock
 
     def _ensure_dir(self, directory: str) -> None:
+        """Make sure the fan-out directory exists and its entry in the root is durable.
+
+        Done once per directory and store: also for a directory found existing, since a
+        process may have died between creating it and syncing the root.
+        """
         if directory in self._known_dirs:
             return
+        created = False
         try:
             os.mkdir(directory, 0o700)
+            created = True
         except FileExistsError:
             try:
                 info = os.lstat(directory)
@@ -283,15 +294,12 @@ class FileStore:
                 ) from None
         except OSError as error:
             raise _fail(f"cannot create {directory}", error) from error
-        else:
-            # The new directory's entry lives in the root: make it durable before any
-            # record inside it is acknowledged.
-            try:
-                self._sync_dir(str(self.root))
-            except OSError as error:
-                raise _fail(
-                    f"cannot sync {self.location} after creating {directory}", error
-                ) from error
+        try:
+            self._sync_dir(str(self.root))
+        except OSError as error:
+            if created:  # never build on an entry that is not known durable: take it back
+                self._quietly(os.rmdir, directory)
+            raise _fail(f"cannot sync {self.location} for {directory}", error) from error
         self._known_dirs.add(directory)
 
     def _read(self, path: str) -> bytes | None:
@@ -430,6 +438,19 @@ class FileStore:
             raise _fail(
                 f"cannot sync {directory} after replacing {target}; {outcome}", error
             ) from error
+
+    def _delete(self, directory: str, target: str) -> None:
+        """Remove a record: unlink → dir fsync."""
+        try:
+            self.fs.unlink(target)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise _fail(f"cannot remove {target}", error) from error
+        try:
+            self._sync_dir(directory)
+        except OSError as error:
+            raise _fail(f"removed {target}, but cannot sync {directory}", error) from error
 
     def _sync_dir(self, directory: str) -> None:
         fs = self.fs

@@ -128,10 +128,33 @@ class Journal:
         del self._busy[identity]
         mine.set()
 
-    async def _apply(self, identity: Identity, step: Callable[[Record | None], Step[T]]) -> T:
+    async def _apply(
+        self,
+        identity: Identity,
+        step: Callable[[Record | None], Step[T]],
+        undo: Callable[[Record | None], Step[None]] | None = None,
+    ) -> T:
+        """Run ``step`` through the store with this identity to ourselves.
+
+        ``undo`` runs (shielded, before the identity is free again) when the call is
+        cancelled after its worker trip began: the answer will never reach the caller,
+        so whatever the step wrote for it must be taken back.
+        """
         mine = await self._acquire(identity)
         try:
-            return await self._store.apply(identity, step)
+            try:
+                return await self._store.apply(identity, step)
+            except anyio.get_cancelled_exc_class() as cancelled:
+                if undo is not None:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await self._store.apply(identity, undo)
+                        except JournalError as error:
+                            cancelled.add_note(
+                                f"itemjournal could not take back the claim on "
+                                f"{list(identity)} that the cancelled begin() wrote: {error}"
+                            )
+                raise
         finally:
             self._release(identity, mine)
 
@@ -145,6 +168,7 @@ class Journal:
         input_hash = self._digester(inputs)
         definition_hash = require_hash(definition)
         kind = self._digester.kind
+        granted: list[tuple[Record | None, str]] = []  # (record before, claim id) per attempt
 
         def step(current: Record | None) -> Step[Claim | Reuse]:
             new = _refusing(
@@ -165,6 +189,7 @@ class Journal:
                 assert current is not None
                 assert current.receipt is not None
                 return Step(None, Reuse(current.receipt, ident, current.attempt))
+            granted.append((current, new.claim_id))
             claim = Claim(
                 identity=ident,
                 input_hash=new.input_hash,
@@ -175,7 +200,19 @@ class Journal:
             )
             return Step(new, claim)
 
-        return await self._apply(ident, step)
+        def undo(current: Record | None) -> Step[None]:
+            # Only a record still carrying the claim we never handed out is taken back:
+            # removed if it was new, or returned to the released record it replaced.
+            for before, claim_id in granted:
+                if current is not None and current.claim_id == claim_id:
+                    if current.status != "started":
+                        break
+                    if before is None:
+                        return Step(None, None, delete=True)
+                    return Step(before, None)
+            return Step(None, None)
+
+        return await self._apply(ident, step, undo)
 
     async def complete(self, claim: Claim, receipt: str) -> RecordView:
         """Declare the claimed effect done; ``receipt`` is stored and reused by reruns."""

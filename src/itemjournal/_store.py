@@ -26,10 +26,12 @@ T_co = TypeVar("T_co", covariant=True)
 
 @dataclass(frozen=True, slots=True)
 class Step(Generic[T_co]):
-    """What a step decided: the record to write (``None``: write nothing) and the answer."""
+    """What a step decided: the record to write (``None``: write nothing), the answer,
+    and, rarely, that the record is to be removed (to take back a claim never handed out)."""
 
     write: Record | None
     answer: T_co
+    delete: bool = False
 
 
 StepFunction = Callable[[Record | None], Step[T]]

@@ -1,0 +1,81 @@
+"""One worker-thread trip that is never abandoned half-way.
+
+``anyio.to_thread.run_sync`` already waits for its thread when an anyio cancel scope
+is cancelled. A *native* asyncio cancellation (``task.cancel()``, ``asyncio.timeout``,
+``wait_for``) is not stopped by anyio's shield, though: it raises at the await while
+the thread goes on writing. A durable write must not outlive the task that waits for
+it unseen, so ``run_in_thread`` keeps waiting until the trip has finished (or never
+started), and only then lets the cancellation go on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar, TypeVarTuple, Unpack
+
+import anyio
+import anyio.to_thread
+
+__all__ = ["run_in_thread"]
+
+T = TypeVar("T")
+Args = TypeVarTuple("Args")
+
+_PENDING, _RUNNING, _ABANDONED = 0, 1, 2
+
+
+class _Trip(Generic[T]):
+    __slots__ = ("_args", "_error", "_function", "_lock", "_state", "_value", "done")
+
+    def __init__(self, function: Callable[..., T], args: tuple[object, ...]) -> None:
+        self._function = function
+        self._args = args
+        self._lock = threading.Lock()
+        self._state = _PENDING
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with self._lock:
+            if self._state == _ABANDONED:
+                return
+            self._state = _RUNNING
+        try:
+            self._value = self._function(*self._args)
+        except BaseException as error:
+            self._error = error
+        finally:
+            self.done.set()
+
+    def abandon(self) -> bool:
+        """Make sure the trip never starts; False when it already has."""
+        with self._lock:
+            if self._state == _PENDING:
+                self._state = _ABANDONED
+                return True
+            return False
+
+    def result(self) -> T:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._value  # type: ignore[return-value]
+
+
+async def run_in_thread(function: Callable[[Unpack[Args]], T], *args: *Args) -> T:
+    """Run ``function(*args)`` in a worker thread; wait for it even through a native cancel."""
+    trip: _Trip[T] = _Trip(function, args)
+    try:
+        await anyio.to_thread.run_sync(trip.run)
+    except BaseException:
+        if not trip.abandon():
+            with anyio.CancelScope(shield=True):
+                while not trip.done.is_set():
+                    try:
+                        await anyio.sleep(0.0005)
+                    except anyio.get_cancelled_exc_class():
+                        continue  # another native cancel: the trip still has to end first
+        raise
+    return trip.result()

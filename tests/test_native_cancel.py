@@ -1,0 +1,110 @@
+"""Native asyncio cancellation (``task.cancel()``, ``asyncio.timeout``) of journal calls.
+
+anyio's shield protects a worker-thread trip from anyio cancellation, not from a bare
+``task.cancel()``: asyncio web frameworks cancel handlers that way. These tests use
+asyncio directly because that is the behaviour under test; the library itself never
+imports asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from itemjournal import Claim, FileStore, FileSystem, Journal, definition_digest
+
+pytestmark = pytest.mark.anyio
+
+DEFINITION = definition_digest("native-v1")
+INPUTS = {"n": "1"}
+
+
+class GatedSync(FileSystem):
+    """Each fsync waits until the test lets it go, so a cancel can land mid-save."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+        self.armed = False
+
+    def fsync(self, fd: int) -> None:
+        if self.armed:
+            self.entered.set()
+            self.proceed.wait(10)
+        super().fsync(fd)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def gated_journal(root: Path) -> tuple[Journal, GatedSync]:
+    fs = GatedSync()
+    store = FileStore(str(root), fs=fs)
+    await store.open()
+    return Journal(store), fs
+
+
+async def cancel_mid_save(journal: Journal, fs: GatedSync, identity: tuple[str, ...]) -> None:
+    fs.armed, fs.entered, fs.proceed = True, threading.Event(), threading.Event()
+    task = asyncio.ensure_future(journal.begin(identity, INPUTS, DEFINITION))
+    while not fs.entered.is_set():  # noqa: ASYNC110 - a thread sets it
+        await asyncio.sleep(0.001)
+    task.cancel()
+    task.cancel()  # twice: the second must not cut the wait short either
+    await asyncio.sleep(0.01)
+    fs.armed = False
+    fs.proceed.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_native_cancel_during_first_begin_leaves_no_record(root: Path) -> None:
+    journal, fs = await gated_journal(root)
+    identity = ("native", "cancel", "job", "first")
+    await cancel_mid_save(journal, fs, identity)
+    view = await journal.inspect(identity)
+    assert view.status == "absent"
+    assert not list(root.glob("??/*.tmp"))
+    assert isinstance(await journal.begin(identity, INPUTS, DEFINITION), Claim)
+
+
+async def test_native_cancel_of_a_retry_restores_the_released_record(root: Path) -> None:
+    journal, fs = await gated_journal(root)
+    identity = ("native", "cancel", "job", "retry")
+    claim = await journal.begin(identity, INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    await journal.mark_review(identity, "timeout")
+    released = await journal.resolve(identity, retry=True, note="verified not charged")
+    await cancel_mid_save(journal, fs, identity)
+    assert await journal.inspect(identity) == released
+    second = await journal.begin(identity, INPUTS, DEFINITION)
+    assert isinstance(second, Claim)
+    assert second.attempt == 2
+
+
+async def test_asyncio_timeout_around_begin(root: Path) -> None:
+    journal, fs = await gated_journal(root)
+    identity = ("native", "timeout", "job", "x")
+    fs.armed = True
+    threading.Timer(0.1, fs.proceed.set).start()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.02):
+            await journal.begin(identity, INPUTS, DEFINITION)
+    fs.armed = False
+    assert (await journal.inspect(identity)).status == "absent"
+
+
+async def test_native_cancel_before_the_trip_starts_writes_nothing(root: Path) -> None:
+    journal = await Journal.open(str(root))
+    identity = ("native", "early", "job", "x")
+    task = asyncio.ensure_future(journal.begin(identity, INPUTS, DEFINITION))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await journal.inspect(identity)).status == "absent"
