@@ -27,7 +27,13 @@ def blockbuster() -> Iterator[BlockBuster]:
     """Active in every test; it only fires inside a running asyncio loop."""
     with blockbuster_ctx("itemjournal") as detector:
         for name in _EXTRA_BLOCKING:
-            function = BlockBusterFunction(os, name, scanned_modules="itemjournal")
+            function = BlockBusterFunction(
+                os,
+                name,
+                scanned_modules="itemjournal",
+                # coverage's tracer looks up each new source file on the loop thread
+                can_block_functions=[("coverage/control.py", {"_should_trace"})],
+            )
             detector.functions[f"os.{name}"] = function
             function.activate()
         yield detector

@@ -22,6 +22,7 @@ from itemjournal import (
     Journal,
     RecordView,
     Reuse,
+    StorageFailed,
     definition_digest,
     input_digest,
 )
@@ -413,3 +414,45 @@ async def test_store_accepts_pathlike_and_normalises(root: Path) -> None:
     store = FileStore(root / "a" / ".." / "b")
     assert store.location == str(root / "b")
     assert repr(store) == f"FileStore({str(root / 'b')!r})"
+
+
+async def test_journal_as_async_context_manager(root: Path) -> None:
+    async with await Journal.open(str(root)) as journal:
+        assert repr(journal) == f"Journal(FileStore({str(root)!r}))"
+        assert journal.input_kind == "sha256"
+        await claimed(journal)
+
+
+async def test_claim_block_settled_through_the_journal_directly(journal: Journal) -> None:
+    async with journal.claim(ITEM, INPUTS, V1) as attempt:
+        assert attempt.claim is not None
+        await journal.complete(attempt.claim, "ch_direct")
+    assert (await journal.inspect(ITEM)).receipt == "ch_direct"
+
+
+class Unwritable(FileStore):
+    """A store whose saves fail after the claim was granted."""
+
+    broken = False
+
+    async def apply(self, identity, step):  # type: ignore[no-untyped-def]
+        if self.broken:
+            raise StorageFailed("disk gone")
+        return await super().apply(identity, step)
+
+
+async def test_claim_block_whose_review_mark_fails(root: Path) -> None:
+    store = Unwritable(str(root))
+    await store.open()
+    journal = Journal(store)
+    with pytest.raises(ValueError, match="body") as caught:
+        async with journal.claim(ITEM, INPUTS, V1):
+            store.broken = True
+            raise ValueError("body")
+    assert any("could not mark" in note for note in caught.value.__notes__)
+    store.broken = False
+    assert (await journal.inspect(ITEM)).status == "started"
+    with pytest.raises(StorageFailed):
+        async with journal.claim(("shop", "billing", "charge", "order-9"), INPUTS, V1):
+            store.broken = True
+    store.broken = False

@@ -107,13 +107,10 @@ class FileStore:
         await run_in_thread(self._open_sync)
 
     def _open_sync(self) -> None:
-        try:
+        try:  # fails with EEXIST when something other than a directory is there
             os.makedirs(self.root, mode=0o700, exist_ok=True)
-            info = os.stat(self.root)
         except OSError as error:
             raise _fail(f"cannot create the journal directory {self.location}", error) from error
-        if not stat.S_ISDIR(info.st_mode):
-            raise StorageFailed(f"{self.location} is not a directory", errno=errno.ENOTDIR)
         self.sweep_temps_sync()
 
     async def aclose(self) -> None:
@@ -144,8 +141,7 @@ class FileStore:
                     age = now - entry.stat(follow_symlinks=False).st_mtime
                 except OSError:
                     continue
-                pid, token = int(match[1]), match[2]
-                if age < self.temp_grace or (token and _start_token(pid) == token):
+                if age < self.temp_grace or self._writer_lives(int(match[1]), match[2]):
                     continue
                 try:
                     os.unlink(entry.path)
@@ -153,6 +149,12 @@ class FileStore:
                     continue
                 removed.append(entry.path)
         return removed
+
+    @staticmethod
+    def _writer_lives(pid: int, token: str) -> bool:
+        if token:
+            return _start_token(pid) == token
+        return process_start(pid) is not None  # no start time was known: trust the pid
 
     # ------------------------------------------------------------------ the seam
 

@@ -420,6 +420,11 @@ class ClaimContext:
         with anyio.CancelScope(shield=True):
             try:
                 view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
+            except ConflictError:
+                # No longer started under this claim: the block settled it another way
+                # (journal.complete(attempt.claim, ...)), so there is nothing to mark.
+                attempt.settled = True
+                return False
             except JournalError as error:
                 if exc is None:
                     raise
