@@ -36,6 +36,12 @@ class FileSystem:
     def unlink(self, path: str) -> None:
         os.unlink(path)
 
+    def mkdir(self, path: str, mode: int = 0o700) -> None:
+        os.mkdir(path, mode)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
     def open_dir(self, path: str) -> int:
         return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 

@@ -282,7 +282,7 @@ class FileStore:
             return
         created = False
         try:
-            os.mkdir(directory, 0o700)
+            self.fs.mkdir(directory, 0o700)
             created = True
         except FileExistsError:
             try:
@@ -300,7 +300,7 @@ class FileStore:
             self._sync_dir(str(self.root))
         except OSError as error:
             if created:  # never build on an entry that is not known durable: take it back
-                self._quietly(os.rmdir, directory)
+                self._quietly(self.fs.rmdir, directory)
             raise _fail(f"cannot sync {self.location} for {directory}", error) from error
         self._known_dirs.add(directory)
 
