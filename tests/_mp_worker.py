@@ -103,12 +103,17 @@ class SlowSync(FileSystem):
 
 async def churn(root: str, seed: int, log_fd: int) -> None:
     rng = random.Random(seed)
-    store = FileStore(root, fs=SlowSync(rng))
-    await store.open()
-    journal = Journal(store)
+    if root.startswith("sqlite:"):
+        journal = await Journal.open(root)
+    else:
+        store = FileStore(root, fs=SlowSync(rng))
+        await store.open()
+        journal = Journal(store)
 
     def log(event: str, n: int) -> None:
         os.write(log_fd, f"{event} {seed} {n}\n".encode())
+
+    os.write(log_fd, f"open {seed} -\n".encode())
 
     for n in range(10_000):
         ident = ("mp", "churn", f"s{seed}", f"n{n}")

@@ -45,16 +45,40 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "journal"
 
 
+STORE_KINDS = ("file", "sqlite")
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Which store the conformance tests run on (every test using ``journal``)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def location(store_kind: str, root: Path) -> str:
+    """The ``Journal.open`` location of the test's journal, for the store under test."""
+    if store_kind == "sqlite":
+        return f"sqlite://{root}/journal.db"
+    return str(root)
+
+
+@pytest.fixture
+def file_only(store_kind: str) -> None:
+    """Skip (for the other stores) a test about the file store's on-disk layout."""
+    if store_kind != "file":
+        pytest.skip("about the file store's files")
+
+
 JournalFactory = Callable[..., Awaitable[Journal]]
 
 
 @pytest.fixture
-async def make_journal(root: Path) -> AsyncIterator[JournalFactory]:
+async def make_journal(location: str) -> AsyncIterator[JournalFactory]:
     """Open journals over the test's location; all are closed at the end."""
     opened: list[Journal] = []
 
     async def factory(**options: object) -> Journal:
-        journal = await Journal.open(str(root), **options)  # type: ignore[arg-type]
+        journal = await Journal.open(location, **options)  # type: ignore[arg-type]
         opened.append(journal)
         return journal
 

@@ -158,7 +158,7 @@ async def corrupt_on_disk(journal: Journal, data: bytes) -> Path:
     "name", ["not json", "unknown field", "missing field", "other identity", "oversize"]
 )
 async def test_corrupt_record_is_reported_and_left_byte_for_byte(
-    journal: Journal, name: str
+    journal: Journal, name: str, file_only: None
 ) -> None:
     data = BAD_DOCUMENTS[name]
     path = await corrupt_on_disk(journal, data)
@@ -174,7 +174,9 @@ async def test_corrupt_record_is_reported_and_left_byte_for_byte(
         assert path.read_bytes() == data
 
 
-async def test_record_copied_to_another_identity_is_invalid(journal: Journal) -> None:
+async def test_record_copied_to_another_identity_is_invalid(
+    journal: Journal, file_only: None
+) -> None:
     await journal.begin(OTHER, {}, DEFINITION)
     store = journal.store
     source = store.path_for(OTHER)  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ from ._journal import Attempt as Attempt
 from ._journal import Journal as Journal
 from ._records import Event as Event
 from ._records import Owner as Owner
+from ._sqlitestore import SQLiteStore as SQLiteStore
 from ._store import Step as Step
 from ._store import Store as Store
 from ._view import Claim as Claim
@@ -41,6 +42,7 @@ __all__ = [
     "RecordInvalid",
     "RecordView",
     "Reuse",
+    "SQLiteStore",
     "Step",
     "StorageFailed",
     "Store",

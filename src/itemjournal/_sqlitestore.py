@@ -1,0 +1,411 @@
+"""The SQLite store: one row per identity, many operations per commit.
+
+Operations that arrive while a commit is in flight wait in a queue; the next batch
+takes all of them into ONE ``BEGIN IMMEDIATE`` transaction with ONE commit (one WAL
+sync), each inside its own savepoint so that a refusal or a bad record undoes only
+that operation. Every caller is answered only after the commit returned. A lone
+operation runs at once: there is no timer waiting for company.
+
+Across processes, SQLite's own write lock (``BEGIN IMMEDIATE`` with a busy timeout)
+keeps read-decide-write atomic, so claims stay exclusive and no transition is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final, Generic, TypeVar
+
+import anyio
+
+from ._errors import InvalidArgument, RecordInvalid, StorageFailed
+from ._identity import Identity, identity_digest
+from ._records import Record, decode_record, encode_record
+from ._store import Step, StepFunction
+from ._threads import run_in_thread
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION: Final = 1
+APPLICATION: Final = "itemjournal"
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS itemjournal_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS itemjournal_records (
+    digest TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    document BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS itemjournal_records_status ON itemjournal_records (status);
+"""
+
+_PENDING, _TAKEN, _DONE = 0, 1, 2
+_UNSET: Final[Any] = object()
+
+
+def _fail(what: str, error: sqlite3.Error | OSError) -> StorageFailed:
+    code = getattr(error, "errno", None)
+    return StorageFailed(f"{what}: {error}", errno=code if isinstance(code, int) else None)
+
+
+class _Operation(Generic[T]):
+    """One caller's step, waiting for (or inside) a batch."""
+
+    __slots__ = ("answer", "digest", "done", "error", "identity", "leads", "state", "step")
+
+    def __init__(self, identity: Identity, step: StepFunction[T]) -> None:
+        self.identity = identity
+        self.digest = identity_digest(identity)
+        self.step = step
+        self.state = _PENDING
+        self.leads = False
+        self.done = anyio.Event()
+        self.answer: T = _UNSET
+        self.error: BaseException | None = None
+
+    def result(self) -> T:
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+class SQLiteStore:
+    """Record documents in one SQLite database (WAL, ``synchronous=FULL``)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+        text = os.fspath(path)
+        if not os.path.isabs(text):
+            raise InvalidArgument(
+                f"the SQLite database needs an absolute path (sqlite:///abs/path.db), got {text!r}",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
+        self.path = os.path.normpath(text)
+        self.location = f"sqlite://{self.path}"
+        self.busy_timeout = busy_timeout
+        self.commits = 0  # committed write transactions, for tests and benchmarks
+        self._writer: sqlite3.Connection | None = None
+        self._readers: list[sqlite3.Connection] = []
+        self._local = threading.local()
+        self._readers_lock = threading.Lock()
+        self._queue: list[_Operation[Any]] = []
+        self._leading = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        await run_in_thread(self._open_sync)
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,
+        )
+        try:
+            connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            connection.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error:
+            connection.close()
+            raise
+        return connection
+
+    def _open_sync(self) -> None:
+        directory = os.path.dirname(self.path)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            # Create the file ourselves so that it (and SQLite's -wal and -shm, which
+            # copy its mode) is private to the owner.
+            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        except OSError as error:
+            raise _fail(f"cannot create the journal database {self.path}", error) from error
+        try:
+            connection = self._connect()
+        except sqlite3.Error as error:
+            raise _fail(f"cannot open {self.path}", error) from error
+        try:
+            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StorageFailed(f"{self.path}: cannot switch to WAL mode (got {mode})")
+            self._migrate(connection)
+        except sqlite3.Error as error:
+            connection.close()
+            raise _fail(f"{self.path} is not a usable SQLite database", error) from error
+        except BaseException:
+            connection.close()
+            raise
+        self._writer = connection
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        """Create the schema, or check it is ours; idempotent, safe across processes."""
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            tables = {
+                row[0]
+                for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+            ours = {"itemjournal_meta", "itemjournal_records"}
+            if tables and not tables & ours:
+                raise StorageFailed(
+                    f"{self.path} is a SQLite database of something else "
+                    f"(tables: {', '.join(sorted(tables))}); refusing to use it"
+                )
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    connection.execute(statement)
+            meta = dict(connection.execute("SELECT key, value FROM itemjournal_meta").fetchall())
+            if not meta:
+                connection.executemany(
+                    "INSERT INTO itemjournal_meta (key, value) VALUES (?, ?)",
+                    [("application", APPLICATION), ("schema_version", str(SCHEMA_VERSION))],
+                )
+            elif meta.get("application") != APPLICATION:
+                raise StorageFailed(f"{self.path} was not made by itemjournal")
+            elif meta.get("schema_version") != str(SCHEMA_VERSION):
+                raise StorageFailed(
+                    f"{self.path} has schema version {meta.get('schema_version')!r}; "
+                    f"this itemjournal reads version {SCHEMA_VERSION}"
+                )
+            connection.execute("COMMIT")
+        except BaseException:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            await anyio.lowlevel.checkpoint()
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            await run_in_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        with self._readers_lock:
+            connections = [*self._readers, *([self._writer] if self._writer else [])]
+            self._readers.clear()
+        self._writer = None
+        for connection in connections:
+            connection.close()
+
+    # ------------------------------------------------------------------ the seam
+
+    async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        await anyio.lowlevel.checkpoint()  # the only cancel point before it is queued
+        if self._closed:
+            raise StorageFailed(f"{self!r} is closed")
+        operation: _Operation[T] = _Operation(identity, step)
+        self._queue.append(operation)
+        if not self._leading:
+            self._leading = True
+            operation.leads = True
+        else:
+            await self._wait(operation)
+            if operation.state == _DONE:
+                return operation.result()
+        # This operation leads: run batches until its own is done, then hand over.
+        try:
+            while operation.state != _DONE:
+                batch, self._queue = self._queue, []
+                for member in batch:
+                    member.state = _TAKEN
+                try:
+                    await run_in_thread(self._run_batch, batch)
+                finally:
+                    for member in batch:
+                        if member.answer is _UNSET and member.error is None:
+                            member.error = StorageFailed("the batch holding this call did not run")
+                        member.state = _DONE
+                        member.done.set()
+        finally:
+            self._hand_over()
+        return operation.result()
+
+    async def _wait(self, operation: _Operation[Any]) -> None:
+        """Wait until the operation was done by a batch, or was made the leader."""
+        try:
+            await operation.done.wait()
+        except anyio.get_cancelled_exc_class():
+            if operation.state == _PENDING:  # never taken: it will never run
+                self._queue.remove(operation)
+                if operation.leads:
+                    self._hand_over()
+                raise
+            # Inside a running batch: its outcome must be known before anyone goes on.
+            with anyio.CancelScope(shield=True):
+                while operation.state != _DONE:
+                    try:
+                        await operation.done.wait()
+                    except anyio.get_cancelled_exc_class():
+                        continue
+            raise
+
+    def _hand_over(self) -> None:
+        if self._queue:
+            successor = self._queue[0]
+            successor.leads = True
+            successor.done.set()  # wakes it; its state stays pending, so it leads
+        else:
+            self._leading = False
+
+    async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        return await run_in_thread(self._peek_sync, identity, view)
+
+    async def scan(self, *, batch: int = 256) -> AsyncIterator[Record | RecordInvalid]:
+        after = ""
+        while True:
+            rows = await run_in_thread(self._page_sync, after, batch)
+            for digest, item in rows:
+                after = digest
+                yield item
+            if len(rows) < batch:
+                return
+
+    # ------------------------------------------------------------------ worker-thread code
+
+    def _reader(self) -> sqlite3.Connection:
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            if self._closed:
+                raise StorageFailed(f"{self!r} is closed")
+            connection = self._connect()
+            self._local.connection = connection
+            with self._readers_lock:
+                self._readers.append(connection)
+        return connection
+
+    def _decode(self, digest: str, status: object, document: object) -> Record:
+        location = f"{self.location}#{digest}"
+        if not isinstance(document, bytes):
+            raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
+        record = decode_record(document, digest, location=location)
+        if status != record.status:
+            raise RecordInvalid(
+                f"record at {location} has status column {status!r} but document "
+                f"status {record.status!r}",
+                location=location,
+            )
+        return record
+
+    def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        digest = identity_digest(identity)
+        try:
+            row = (
+                self._reader()
+                .execute(
+                    "SELECT status, document FROM itemjournal_records WHERE digest = ?", (digest,)
+                )
+                .fetchone()
+            )
+        except sqlite3.Error as error:
+            raise _fail(f"cannot read {self.location}", error) from error
+        record = None if row is None else self._decode(digest, row[0], row[1])
+        if record is not None and record.identity != identity:  # pragma: no cover - digest
+            raise RecordInvalid(f"record at {self.location} belongs to another identity")
+        return view(record)
+
+    def _page_sync(self, after: str, size: int) -> list[tuple[str, Record | RecordInvalid]]:
+        try:
+            rows = (
+                self._reader()
+                .execute(
+                    "SELECT digest, status, document FROM itemjournal_records "
+                    "WHERE digest > ? ORDER BY digest LIMIT ?",
+                    (after, size),
+                )
+                .fetchall()
+            )
+        except sqlite3.Error as error:
+            raise _fail(f"cannot read {self.location}", error) from error
+        page: list[tuple[str, Record | RecordInvalid]] = []
+        for digest, status, document in rows:
+            try:
+                page.append((digest, self._decode(digest, status, document)))
+            except RecordInvalid as error:
+                page.append((digest, error))
+        return page
+
+    def _run_batch(self, batch: list[_Operation[Any]]) -> None:
+        """One transaction, one savepoint per operation, one commit."""
+        connection = self._writer
+        if connection is None:
+            error = StorageFailed(f"{self!r} is closed")
+            for operation in batch:
+                operation.error = error
+            return
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as error:
+            failure = _fail(f"cannot start a write transaction on {self.path}", error)
+            failure.__cause__ = error
+            for operation in batch:
+                operation.error = failure
+            return
+        writes: list[_Operation[Any]] = []
+        try:
+            for operation in batch:
+                writes.append(operation)
+                if not self._run_one(connection, operation):
+                    writes.pop()
+            connection.execute("COMMIT")
+            self.commits += 1
+        except sqlite3.Error as error:
+            if connection.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+            failure = _fail(f"cannot commit to {self.path}; nothing was written", error)
+            failure.__cause__ = error
+            # Writes are lost with the transaction; so is any operation not yet run.
+            # Refusals and reads decided before the failure stay as they were.
+            for operation in batch:
+                if operation in writes or (operation.answer is _UNSET and operation.error is None):
+                    operation.answer = _UNSET
+                    operation.error = failure
+
+    def _run_one(self, connection: sqlite3.Connection, operation: _Operation[Any]) -> bool:
+        """Run one step inside a savepoint; True when it wrote something."""
+        connection.execute("SAVEPOINT operation")
+        try:
+            row = connection.execute(
+                "SELECT status, document FROM itemjournal_records WHERE digest = ?",
+                (operation.digest,),
+            ).fetchone()
+            current = None if row is None else self._decode(operation.digest, row[0], row[1])
+            decision: Step[Any] = operation.step(current)
+            wrote = True
+            if decision.delete:
+                connection.execute(
+                    "DELETE FROM itemjournal_records WHERE digest = ?", (operation.digest,)
+                )
+            elif decision.write is not None:
+                connection.execute(
+                    "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
+                    "ON CONFLICT (digest) DO UPDATE SET "
+                    "status = excluded.status, document = excluded.document",
+                    (operation.digest, decision.write.status, encode_record(decision.write)),
+                )
+            else:
+                wrote = False
+            connection.execute("RELEASE operation")
+        except sqlite3.Error:
+            connection.execute("ROLLBACK TO operation")
+            connection.execute("RELEASE operation")
+            raise
+        except BaseException as error:
+            connection.execute("ROLLBACK TO operation")
+            connection.execute("RELEASE operation")
+            operation.error = error
+            return False
+        operation.answer = decision.answer
+        return wrote

@@ -1,0 +1,276 @@
+"""The SQLite store: group commit, isolation of refusals, foreign and corrupt files."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from itemjournal import (
+    Claim,
+    ConflictError,
+    InvalidArgument,
+    Journal,
+    RecordInvalid,
+    RecordView,
+    SQLiteStore,
+    StorageFailed,
+    definition_digest,
+)
+from itemjournal._identity import identity_digest
+
+pytestmark = pytest.mark.anyio
+
+DEFINITION = definition_digest("sqlite-v1")
+INPUTS = {"n": "1"}
+
+
+def item(n: int) -> tuple[str, str, str, str]:
+    return ("sq", "group", "commit", f"item-{n}")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "journal.db"
+
+
+async def open_journal(db: Path) -> tuple[SQLiteStore, Journal]:
+    journal = await Journal.open(f"sqlite://{db}")
+    store = journal.store
+    assert isinstance(store, SQLiteStore)
+    return store, journal
+
+
+def count_commits(store: SQLiteStore) -> list[str]:
+    """Trace the writer connection's statements (SQLite's own account of them)."""
+    statements: list[str] = []
+    assert store._writer is not None
+    store._writer.set_trace_callback(statements.append)
+    return statements
+
+
+async def test_concurrent_cycles_share_commits(db: Path) -> None:
+    store, journal = await open_journal(db)
+    statements = count_commits(store)
+    answers: dict[int, tuple[Claim, RecordView]] = {}
+
+    async def cycle(n: int) -> None:
+        claim = await journal.begin(item(n), {"n": str(n)}, DEFINITION)
+        assert isinstance(claim, Claim)
+        answers[n] = (claim, await journal.complete(claim, f"receipt-{n}"))
+
+    async with anyio.create_task_group() as tg:
+        for n in range(64):
+            tg.start_soon(cycle, n)
+    commits = statements.count("COMMIT")
+    print(f"\n64 begin+complete cycles (128 writes) in {commits} commits")
+    assert commits == store.commits
+    assert commits <= 128 // 4  # well below one per operation
+    for n, (claim, view) in answers.items():  # every caller got exactly its own answer
+        assert claim.identity.item == f"item-{n}"
+        assert view.identity == claim.identity
+        assert view.receipt == f"receipt-{n}"
+        assert (await journal.inspect(item(n))).receipt == f"receipt-{n}"
+
+
+async def test_a_lone_operation_commits_at_once(db: Path) -> None:
+    store, journal = await open_journal(db)
+    statements = count_commits(store)
+    claim = await journal.begin(item(1), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    assert statements.count("BEGIN IMMEDIATE") == statements.count("COMMIT") == 1
+
+
+async def test_refusals_do_not_undo_their_batch_neighbours(db: Path) -> None:
+    store, journal = await open_journal(db)
+    for n in range(0, 64, 2):  # even items are already started: their begin is refused
+        await journal.begin(item(n), INPUTS, DEFINITION)
+    statements = count_commits(store)
+    outcomes: dict[int, str] = {}
+
+    async def begin(n: int) -> None:
+        try:
+            outcome = await journal.begin(item(n), INPUTS, DEFINITION)
+        except ConflictError as error:
+            outcomes[n] = error.code
+        else:
+            outcomes[n] = type(outcome).__name__
+
+    async with anyio.create_task_group() as tg:
+        for n in range(64):
+            tg.start_soon(begin, n)
+    assert statements.count("COMMIT") < 32  # refusals and claims did share transactions
+    assert "ROLLBACK TO operation" in statements
+    for n in range(64):
+        assert outcomes[n] == ("REVIEW_REQUIRED" if n % 2 == 0 else "Claim")
+        assert (await journal.inspect(item(n))).status == "started"
+
+
+async def test_a_failed_write_acknowledges_nothing(db: Path) -> None:
+    _, journal = await open_journal(db)
+    first = await journal.begin(item(0), INPUTS, DEFINITION)
+    assert isinstance(first, Claim)
+    with sqlite3.connect(db) as connection:  # make every write of a record fail in SQLite
+        for event in ("INSERT", "UPDATE"):
+            connection.execute(
+                f"CREATE TRIGGER refuse_{event.lower()} BEFORE {event} ON itemjournal_records "
+                "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            )
+    with pytest.raises(StorageFailed) as caught:
+        await journal.begin(item(1), INPUTS, DEFINITION)
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    with pytest.raises(ConflictError):  # a refusal writes nothing, so it is still a refusal
+        await journal.begin(item(0), INPUTS, DEFINITION)
+    with pytest.raises(StorageFailed):
+        await journal.complete(first, "r")
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TRIGGER refuse_insert")
+        connection.execute("DROP TRIGGER refuse_update")
+    assert (await journal.inspect(item(1))).status == "absent"
+    assert (await journal.inspect(item(0))).status == "started"
+    assert (await journal.complete(first, "r")).status == "succeeded"
+
+
+async def test_a_write_lock_that_cannot_be_had(db: Path) -> None:
+    store, journal = await open_journal(db)
+    assert store._writer is not None
+    store._writer.execute("PRAGMA query_only = 1")
+    with pytest.raises(StorageFailed, match="cannot start a write transaction"):
+        await journal.begin(item(1), INPUTS, DEFINITION)
+    store._writer.execute("PRAGMA query_only = 0")
+    assert isinstance(await journal.begin(item(1), INPUTS, DEFINITION), Claim)
+
+
+async def test_cancelled_waiters_never_run(db: Path) -> None:
+    store, journal = await open_journal(db)
+    statements = count_commits(store)
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await journal.begin(item(0), INPUTS, DEFINITION)
+    assert statements == []
+    async with anyio.create_task_group() as tg:
+        for n in range(16):
+            tg.start_soon(journal.begin, item(n), INPUTS, DEFINITION)
+        await anyio.lowlevel.checkpoint()
+        tg.cancel_scope.cancel()
+    claimed = [n for n in range(16) if (await journal.inspect(item(n))).status == "started"]
+    # whatever was cancelled before its batch ran left nothing; the rest is durable
+    for n in set(range(16)) - set(claimed):
+        assert (await journal.inspect(item(n))).status == "absent"
+    for n in range(16, 20):  # and the queue still works afterwards
+        assert isinstance(await journal.begin(item(n), INPUTS, DEFINITION), Claim)
+
+
+async def test_the_same_document_as_the_file_store(db: Path) -> None:
+    _, journal = await open_journal(db)
+    claim = await journal.begin(item(1), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    with sqlite3.connect(db) as connection:
+        digest, status, document = connection.execute(
+            "SELECT digest, status, document FROM itemjournal_records"
+        ).fetchone()
+    assert digest == identity_digest(claim.identity) == claim.key
+    assert status == "started"
+    assert b'"status": "started"' in document
+
+
+async def test_reopening_is_idempotent(db: Path) -> None:
+    _, first = await open_journal(db)
+    claim = await first.begin(item(1), INPUTS, DEFINITION)
+    await first.aclose()
+    await first.aclose()
+    with pytest.raises(StorageFailed):
+        await first.inspect(item(1))
+    _, second = await open_journal(db)
+    assert isinstance(claim, Claim)
+    assert (await second.complete(claim, "r")).status == "succeeded"
+    assert repr(second.store) == f"SQLiteStore({str(db)!r})"
+    assert second.store.location == f"sqlite://{db}"
+
+
+async def test_locations() -> None:
+    for location in ("sqlite://relative.db", "sqlite:relative.db", "sqlite:////"[:9] + "x.db"):
+        with pytest.raises(InvalidArgument) as caught:
+            await Journal.open(location)
+        assert caught.value.code == "ABSOLUTE_ROOT_REQUIRED"
+
+
+async def test_garbage_file_is_storage_failed(db: Path) -> None:
+    db.write_bytes(b"this is not a database, " * 100)
+    with pytest.raises(StorageFailed) as caught:
+        await Journal.open(f"sqlite://{db}")
+    assert "not a database" in str(caught.value)
+    assert db.read_bytes() == b"this is not a database, " * 100
+
+
+async def test_foreign_database_is_refused_untouched(db: Path) -> None:
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    before = db.read_bytes()
+    with pytest.raises(StorageFailed) as caught:
+        await Journal.open(f"sqlite://{db}")
+    assert "something else" in str(caught.value)
+    with sqlite3.connect(db) as connection:
+        tables = {r[0] for r in connection.execute("SELECT name FROM sqlite_master")}
+    assert tables == {"users"}
+    del before
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [("application", "other", "not made by itemjournal"), ("schema_version", "9", "version")],
+)
+async def test_meta_of_another_kind_is_refused(
+    db: Path, key: str, value: str, message: str
+) -> None:
+    _, journal = await open_journal(db)
+    await journal.aclose()
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE itemjournal_meta SET value = ? WHERE key = ?", (value, key))
+    with pytest.raises(StorageFailed, match=message):
+        await Journal.open(f"sqlite://{db}")
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("document", b"{not json"), ("document", "text, not bytes"), ("status", "succeeded")],
+)
+async def test_a_bad_row_is_record_invalid_and_left_alone(
+    db: Path, column: str, value: object
+) -> None:
+    store, journal = await open_journal(db)
+    await journal.begin(item(1), INPUTS, DEFINITION)
+    with sqlite3.connect(db) as connection:
+        connection.execute(f"UPDATE itemjournal_records SET {column} = ?", (value,))
+    for call in (
+        journal.inspect(item(1)),
+        journal.begin(item(1), INPUTS, DEFINITION),
+        journal.mark_review(item(1)),
+    ):
+        with pytest.raises(RecordInvalid):
+            await call
+    with sqlite3.connect(db) as connection:
+        assert (
+            connection.execute(f"SELECT {column} FROM itemjournal_records").fetchone()[0] == value
+        )
+    items = [entry async for entry in store.scan()]
+    assert len(items) == 1
+    assert isinstance(items[0], RecordInvalid)
+    assert await journal.sweep() == []
+
+
+async def test_scan_pages_through_everything(db: Path) -> None:
+    store, journal = await open_journal(db)
+    for n in range(10):
+        await journal.begin(item(n), INPUTS, DEFINITION)
+    seen = [entry async for entry in store.scan(batch=3)]
+    assert sorted(r.identity.item for r in seen if not isinstance(r, Exception)) == sorted(
+        f"item-{n}" for n in range(10)
+    )
+
+
+async def test_file_modes(db: Path) -> None:
+    await open_journal(db)
+    assert db.stat().st_mode & 0o777 == 0o600
