@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -19,6 +20,8 @@ import anyio
 import pytest
 
 from itemjournal import Claim, ConflictError, FileStore, Journal, StorageFailed, definition_digest
+from itemjournal._filestore import try_lock_record
+from itemjournal._identity import Identity, identity_digest
 
 pytestmark = pytest.mark.anyio
 
@@ -106,14 +109,17 @@ async def test_contested_transitions_lose_no_update(
 
 
 def lock_is_free(path: Path) -> bool:
+    """No byte of the lock file is locked by anyone (an OFD lock over the whole file)."""
     fd = os.open(path, os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
+        whole = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0).ljust(32, b"\0")
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, whole)
+        except (BlockingIOError, PermissionError):
+            return False
+        return True
     finally:
         os.close(fd)
-    return True
 
 
 async def test_sigkill_at_random_moments(
@@ -225,6 +231,15 @@ async def test_owner_elsewhere_is_unknown_not_dead(root: Path) -> None:
     assert await journal.sweep() == []
 
 
+def neighbour_of(digest: str) -> Identity:
+    """Another identity whose record shares the fan-out directory of ``digest``."""
+    for n in range(100_000):
+        candidate = Identity("mp", "lock", "neighbour", f"n{n}")
+        if identity_digest(candidate)[:2] == digest[:2]:
+            return candidate
+    raise AssertionError("no neighbour found")  # pragma: no cover
+
+
 async def test_a_held_lock_times_out_with_a_clear_error(root: Path) -> None:
     store = FileStore(str(root), lock_timeout=0.2)
     await store.open()
@@ -234,7 +249,10 @@ async def test_a_held_lock_times_out_with_a_clear_error(root: Path) -> None:
     assert isinstance(claim, Claim)
     lock = store.path_for(claim.identity).parent / ".lock"
     fd = os.open(lock, os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    assert try_lock_record(fd, claim.key)  # another holder of this record's lock
+    neighbour = await journal.begin(neighbour_of(claim.key), INPUTS, DEFINITION)
+    assert isinstance(neighbour, Claim)  # a record in the same directory is not held up
+    assert not lock_is_free(lock)
     try:
         started = time.monotonic()
         with pytest.raises(StorageFailed) as caught:

@@ -1,8 +1,8 @@
 """The file store: one JSON document per identity, written durably.
 
 Layout: ``root/<first two hex of digest>/<digest>.json``. Beside the records of a
-fan-out directory lives ``.lock``, a lock file that is never deleted; ``flock`` on it
-serialises read-decide-write sequences across processes. Temp files are named
+fan-out directory lives ``.lock``, a lock file that is never deleted; a lock on one
+byte of it per record serialises read-decide-write sequences across processes. Temp files are named
 ``.<pid>-<process start>-<random>.tmp`` so a sweep can tell whether their writer lives.
 
 Every operation's disk work (lock, read, decide, write, sync) is one function run in
@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import stat
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -56,6 +57,40 @@ class _LostRace(Exception):
 def _fail(what: str, error: OSError) -> StorageFailed:
     reason = error.strerror or str(error)
     return StorageFailed(f"{what}: {reason}", errno=error.errno)
+
+
+_OFD_SETLK: Final[int | None] = getattr(fcntl, "F_OFD_SETLK", None)
+_FLOCK_FORMAT: Final = "hhqqi"
+_FLOCK_SIZE: Final = (struct.calcsize(_FLOCK_FORMAT) + 7) // 8 * 8  # with its tail padding
+
+
+def record_lock_offset(digest: str) -> int:
+    """The byte of the fan-out directory's ``.lock`` file that stands for one record."""
+    return int(digest[:15], 16)
+
+
+def try_lock_record(fd: int, digest: str) -> bool:
+    """Take the exclusive lock of one record without blocking; False when it is held.
+
+    On Linux: an open-file-description lock (``F_OFD_SETLK``) on one byte of the lock
+    file, so records sharing a fan-out directory do not wait for each other. Unlike
+    classic POSIX record locks, closing another descriptor of the file does not drop
+    it. Elsewhere: ``flock`` on the whole file (one lock per fan-out directory).
+    """
+    if _OFD_SETLK is None:  # pragma: no cover - not Linux
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    request = struct.pack(
+        _FLOCK_FORMAT, fcntl.F_WRLCK, os.SEEK_SET, record_lock_offset(digest), 1, 0
+    ).ljust(_FLOCK_SIZE, b"\0")
+    try:
+        fcntl.fcntl(fd, _OFD_SETLK, request)
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: someone holds it
+        return False
+    return True
 
 
 def _start_token(pid: int) -> str:
@@ -220,15 +255,16 @@ class FileStore:
         return loaded
 
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
-        path = str(self.path_for(identity))
+        digest = identity_digest(identity)
+        path = os.path.join(self.location, digest[:2], f"{digest}.json")
         data = self._read(path)
         record = None if data is None else decode_record(data, identity, location=path)
         return view(record)
 
     def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T | _Busy:
-        path = self.path_for(identity)
-        directory = str(path.parent)
-        target = str(path)
+        digest = identity_digest(identity)
+        directory = os.path.join(self.location, digest[:2])
+        target = os.path.join(directory, f"{digest}.json")
         self._ensure_dir(directory)
         try:
             lock_fd = os.open(
@@ -240,11 +276,10 @@ class FileStore:
             raise _fail(f"cannot open the lock file in {directory}", error) from error
         try:
             try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return _BUSY
+                if not try_lock_record(lock_fd, digest):
+                    return _BUSY
             except OSError as error:
-                raise _fail(f"cannot lock {directory}", error) from error
+                raise _fail(f"cannot lock {target}", error) from error
             for _ in range(8):
                 data = self._read(target)
                 current = None if data is None else decode_record(data, identity, location=target)
@@ -270,7 +305,7 @@ class FileStore:
                 return decision.answer
             raise StorageFailed(f"{target} kept changing under the lock", errno=errno.EAGAIN)
         finally:
-            os.close(lock_fd)  # also releases the flock
+            os.close(lock_fd)  # also releases the lock
 
     def _ensure_dir(self, directory: str) -> None:
         """Make sure the fan-out directory exists and its entry in the root is durable.

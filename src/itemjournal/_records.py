@@ -158,7 +158,8 @@ def encode_record(record: Record) -> bytes:
             for e in record.history
         ],
     }
-    text = json.dumps(document, ensure_ascii=False, sort_keys=True, indent=1)
+    # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
+    text = json.dumps(document, ensure_ascii=False, sort_keys=True)
     return (text + "\n").encode("utf-8")
 
 
