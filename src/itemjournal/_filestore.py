@@ -19,7 +19,7 @@ import secrets
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -214,7 +214,7 @@ class FileStore:
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         return await run_in_thread(self._peek_sync, identity, view)
 
-    async def scan(self, *, batch: int = 256) -> AsyncIterator[Record | RecordInvalid]:
+    async def scan(self, *, batch: int = 256) -> AsyncGenerator[Record | RecordInvalid, None]:
         paths = await run_in_thread(self._list_sync)
         for start in range(0, len(paths), batch):
             chunk = paths[start : start + batch]

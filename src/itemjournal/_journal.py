@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -330,19 +331,22 @@ class Journal:
         touched. Returns the views of the records it marked.
         """
         swept: list[RecordView] = []
-        async for record in self._store.scan():
-            if isinstance(record, RecordInvalid) or record.status != "started":
-                continue
-            ident = record.identity
+        async with contextlib.aclosing(self._store.scan()) as records:
+            async for record in records:
+                if isinstance(record, RecordInvalid) or record.status != "started":
+                    continue
+                ident = record.identity
 
-            def step(current: Record | None, ident: Identity = ident) -> Step[RecordView | None]:
-                gone = current is not None and owner_alive(current.owner) is False
-                new = machine.sweep(current, owner_gone=gone, now=utc_now())
-                return Step(new, None if new is None else _view(ident, new))
+                def step(
+                    current: Record | None, ident: Identity = ident
+                ) -> Step[RecordView | None]:
+                    gone = current is not None and owner_alive(current.owner) is False
+                    new = machine.sweep(current, owner_gone=gone, now=utc_now())
+                    return Step(new, None if new is None else _view(ident, new))
 
-            view = await self._apply(ident, step)
-            if view is not None:
-                swept.append(view)
+                view = await self._apply(ident, step)
+                if view is not None:
+                    swept.append(view)
         return swept
 
     def claim(

@@ -16,7 +16,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final, Generic, TypeVar
 
 import anyio
@@ -262,7 +262,7 @@ class SQLiteStore:
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         return await run_in_thread(self._peek_sync, identity, view)
 
-    async def scan(self, *, batch: int = 256) -> AsyncIterator[Record | RecordInvalid]:
+    async def scan(self, *, batch: int = 256) -> AsyncGenerator[Record | RecordInvalid, None]:
         after = ""
         while True:
             rows = await run_in_thread(self._page_sync, after, batch)

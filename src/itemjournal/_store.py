@@ -10,7 +10,7 @@ the step if it lost a race. A step may raise to refuse; then nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -55,7 +55,7 @@ class Store(Protocol):
         """Read the record and pass it to ``view`` (in the same worker trip)."""
         ...
 
-    def scan(self) -> AsyncIterator[Record | RecordInvalid]:
+    def scan(self) -> AsyncGenerator[Record | RecordInvalid, None]:
         """Every stored record, in no promised order; an unreadable one as ``RecordInvalid``.
 
         Reads in batches (one worker trip each); records may change while a scan runs.
