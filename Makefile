@@ -24,7 +24,9 @@ test: $(BIN)/.installed lint
 	$(BIN)/python -m pytest --cov=itemjournal --cov-report=term-missing --cov-fail-under=95 tests
 
 bench: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench_filestore.py
+	$(BIN)/python benchmarks/bench_sqlite.py
 
 clean:
 	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache
