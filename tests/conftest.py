@@ -90,3 +90,24 @@ async def make_journal(location: str) -> AsyncIterator[JournalFactory]:
 @pytest.fixture
 async def journal(make_journal: JournalFactory) -> Journal:
     return await make_journal()
+
+
+# Figures: tests that measure something (crash states, injected faults, races, commits)
+# print one line each; those lines are gathered here and shown at the end of every run.
+_FIGURES: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed and report.capstdout.strip():
+        _FIGURES.append((report.nodeid, report.capstdout.strip()))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FIGURES:
+        return
+    terminalreporter.section("figures measured by the tests")
+    for nodeid, text in _FIGURES:
+        terminalreporter.write_line(nodeid)
+        for line in text.splitlines():
+            if line.strip():
+                terminalreporter.write_line(f"    {line.strip()}")
