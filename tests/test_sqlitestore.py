@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -19,7 +21,10 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
+from itemjournal import Identity, Owner, Step
 from itemjournal._identity import identity_digest
+from itemjournal._records import Record
+from itemjournal._sqlitestore import _Operation
 
 pytestmark = pytest.mark.anyio
 
@@ -274,3 +279,147 @@ async def test_scan_pages_through_everything(db: Path) -> None:
 async def test_file_modes(db: Path) -> None:
     await open_journal(db)
     assert db.stat().st_mode & 0o777 == 0o600
+
+
+# ---------------------------------------------------------------------- the commit queue
+
+
+class Gate:
+    """A step that holds its batch (in the worker thread) until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.open = threading.Event()
+
+    def step(self, current: Record | None) -> Step[str]:
+        self.entered.set()
+        assert self.open.wait(10)
+        return Step(None, "gate")
+
+
+def writer(n: int, ran: list[int]) -> Callable[[Record | None], Step[int]]:
+    """A step that writes a started record for ``item(n)`` and notes that it ran."""
+
+    def step(current: Record | None) -> Step[int]:
+        ran.append(n)
+        record = Record(
+            identity=Identity(*item(n)),
+            input_kind="sha256",
+            input_hash="a" * 64,
+            definition_hash=DEFINITION,
+            claim_id="c" * 32,
+            status="started",
+            receipt=None,
+            attempt=1,
+            created_at="2026-11-30T00:00:00.000000+00:00",
+            updated_at="2026-11-30T00:00:00.000000+00:00",
+            owner=Owner("elsewhere", 1, ""),
+            review_reason=None,
+        )
+        return Step(record, n)
+
+    return step
+
+
+async def until(event: threading.Event) -> None:
+    while not event.is_set():  # noqa: ASYNC110 - a worker thread sets it
+        await anyio.sleep(0.001)
+
+
+async def queued(store: SQLiteStore, count: int) -> None:
+    while len(store._queue) < count:  # noqa: ASYNC110 - other tasks fill it
+        await anyio.sleep(0.001)
+
+
+async def test_a_waiter_cancelled_in_the_queue_never_runs(db: Path) -> None:
+    store, journal = await open_journal(db)
+    gate, ran = Gate(), []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.apply, Identity(*item(0)), gate.step)
+        await until(gate.entered)  # the first batch is running and holds the queue
+        with anyio.CancelScope() as scope:
+            tg.start_soon(store.apply, Identity(*item(2)), writer(2, ran))
+            scope.cancel()
+            await store.apply(Identity(*item(1)), writer(1, ran))
+        assert scope.cancelled_caught
+        gate.open.set()
+    assert ran == [2]
+    assert (await journal.inspect(item(1))).status == "absent"
+    assert (await journal.inspect(item(2))).status == "started"
+
+
+async def test_a_waiter_cancelled_inside_a_running_batch_waits_for_it(db: Path) -> None:
+    store, journal = await open_journal(db)
+    first, second, ran = Gate(), Gate(), []
+    outcome: list[str] = []
+
+    waiter_scope = anyio.CancelScope()
+
+    async def cancelled_waiter() -> None:
+        with waiter_scope:
+            try:
+                await store.apply(Identity(*item(3)), writer(3, ran))
+            finally:
+                outcome.append("batch done" if second.open.is_set() else "too early")
+        outcome.append("cancelled" if waiter_scope.cancelled_caught else "not cancelled")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.apply, Identity(*item(0)), first.step)
+        await until(first.entered)
+        tg.start_soon(store.apply, Identity(*item(1)), second.step)  # leads the next batch
+        tg.start_soon(cancelled_waiter)
+        await queued(store, 2)
+        first.open.set()
+        await until(second.entered)  # batch 2 = [item 1, item 3] is running
+        waiter_scope.cancel()  # cancels the waiter while its batch runs
+        await anyio.sleep(0.01)
+        assert outcome == []  # still waiting for the batch
+        second.open.set()
+    assert outcome == ["batch done", "cancelled"]
+    assert ran == [3]  # it ran once, in the batch it was part of
+    assert (await journal.inspect(item(3))).status == "started"
+
+
+async def test_a_cancelled_leader_hands_the_queue_on(db: Path) -> None:
+    store, journal = await open_journal(db)
+    gate, ran = Gate(), []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.apply, Identity(*item(0)), gate.step)
+        await until(gate.entered)
+        with anyio.CancelScope() as doomed:
+            tg.start_soon(store.apply, Identity(*item(5)), writer(5, ran))  # queued behind
+            await queued(store, 1)
+            # The next leader in line is cancelled before the gate opens.
+            async with anyio.create_task_group() as inner:
+                inner.start_soon(store.apply, Identity(*item(4)), writer(4, ran))
+                await queued(store, 2)
+                inner.cancel_scope.cancel()
+            doomed.cancel()
+        gate.open.set()
+    assert ran == [5]
+    assert (await journal.inspect(item(4))).status == "absent"
+    assert (await journal.inspect(item(5))).status == "started"
+    assert isinstance(await journal.begin(item(6), INPUTS, DEFINITION), Claim)
+
+
+async def test_a_closed_store_refuses_work(db: Path) -> None:
+    store, journal = await open_journal(db)
+    await journal.aclose()
+    with pytest.raises(StorageFailed, match="closed"):
+        await journal.begin(item(1), INPUTS, DEFINITION)
+    ran: list[int] = []
+    store._run_batch([_Operation(Identity(*item(1)), writer(1, ran))], [])
+    assert ran == []
+
+
+async def test_unreadable_database_on_read(db: Path) -> None:
+    store, journal = await open_journal(db)
+    await journal.begin(item(1), INPUTS, DEFINITION)
+    reader = await anyio.to_thread.run_sync(store._reader)
+    del reader
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TABLE itemjournal_records")
+    with pytest.raises(StorageFailed):
+        await journal.inspect(item(1))
+    with pytest.raises(StorageFailed):
+        [entry async for entry in store.scan()]

@@ -220,35 +220,45 @@ class SQLiteStore:
                 batch, self._queue = self._queue, []
                 for member in batch:
                     member.state = _TAKEN
+                began: list[bool] = []
                 try:
-                    await run_in_thread(self._run_batch, batch)
+                    await run_in_thread(self._run_batch, batch, began)
                 finally:
-                    for member in batch:
-                        if member.answer is _UNSET and member.error is None:
-                            member.error = StorageFailed("the batch holding this call did not run")
-                        member.state = _DONE
-                        member.done.set()
+                    if began:
+                        for member in batch:
+                            if member.answer is _UNSET and member.error is None:
+                                member.error = StorageFailed("the batch holding this call failed")
+                            member.state = _DONE
+                            member.done.set()
+                    else:  # cancelled before the batch began: nothing ran, give it back
+                        others = [member for member in batch if member is not operation]
+                        for member in others:
+                            member.state = _PENDING
+                        self._queue[:0] = others
         finally:
             self._hand_over()
         return operation.result()
 
     async def _wait(self, operation: _Operation[Any]) -> None:
-        """Wait until the operation was done by a batch, or was made the leader."""
+        """Wait until the operation was done by a batch, or was made the leader.
+
+        Cancelled while queued, it leaves the queue and never runs. Cancelled while a
+        batch holding it runs, it waits for that batch (shielded) so that its outcome is
+        settled before the cancellation goes on.
+        """
         try:
             await operation.done.wait()
         except anyio.get_cancelled_exc_class():
-            if operation.state == _PENDING:  # never taken: it will never run
+            with anyio.CancelScope(shield=True):
+                while operation.state == _TAKEN:
+                    try:
+                        await operation.done.wait()
+                    except anyio.get_cancelled_exc_class():  # a second, native cancel
+                        continue
+            if operation.state == _PENDING:
                 self._queue.remove(operation)
                 if operation.leads:
                     self._hand_over()
-                raise
-            # Inside a running batch: its outcome must be known before anyone goes on.
-            with anyio.CancelScope(shield=True):
-                while operation.state != _DONE:
-                    try:
-                        await operation.done.wait()
-                    except anyio.get_cancelled_exc_class():
-                        continue
             raise
 
     def _hand_over(self) -> None:
@@ -336,8 +346,9 @@ class SQLiteStore:
                 page.append((digest, error))
         return page
 
-    def _run_batch(self, batch: list[_Operation[Any]]) -> None:
+    def _run_batch(self, batch: list[_Operation[Any]], began: list[bool]) -> None:
         """One transaction, one savepoint per operation, one commit."""
+        began.append(True)
         connection = self._writer
         if connection is None:
             error = StorageFailed(f"{self!r} is closed")
