@@ -13,15 +13,17 @@ import pytest
 from itemjournal import (
     Claim,
     ConflictError,
+    Identity,
     InvalidArgument,
     Journal,
+    Owner,
     RecordInvalid,
     RecordView,
     SQLiteStore,
+    Step,
     StorageFailed,
     definition_digest,
 )
-from itemjournal import Identity, Owner, Step
 from itemjournal._identity import identity_digest
 from itemjournal._records import Record
 from itemjournal._sqlitestore import _Operation
