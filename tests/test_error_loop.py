@@ -272,8 +272,8 @@ class ScanTracking(FileStore):
         super().__init__(*args, **kwargs)
         self.scans: list[AsyncGenerator[object, None]] = []
 
-    def scan(self, *, batch: int = 256) -> AsyncIterator[Any]:
-        generator = super().scan(batch=batch)
+    def scan(self, *, status: str | None = None, batch: int = 256) -> AsyncIterator[Any]:
+        generator = super().scan(status=status, batch=batch)
         self.scans.append(cast(AsyncGenerator[object, None], generator))
         return generator
 

@@ -308,3 +308,13 @@ async def test_record_document_is_sorted_json(root: Path) -> None:
     document = json.loads(text)
     assert list(document) == sorted(document)
     assert text.endswith("\n")
+
+
+async def test_a_status_scan(root: Path) -> None:
+    store, journal = await open_store(root)
+    claim = await journal.begin(ITEM, INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    await journal.begin(OTHER, INPUTS, DEFINITION)
+    await journal.complete(claim, "r")
+    started = [r async for r in store.scan(status="started")]
+    assert [r.identity for r in started if not isinstance(r, RecordInvalid)] == [OTHER]

@@ -214,12 +214,15 @@ class FileStore:
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         return await run_in_thread(self._peek_sync, identity, view)
 
-    async def scan(self, *, batch: int = 256) -> AsyncGenerator[Record | RecordInvalid, None]:
+    async def scan(
+        self, *, status: str | None = None, batch: int = 256
+    ) -> AsyncGenerator[Record | RecordInvalid, None]:
         paths = await run_in_thread(self._list_sync)
         for start in range(0, len(paths), batch):
             chunk = paths[start : start + batch]
             for item in await run_in_thread(self._load_sync, chunk):
-                yield item
+                if status is None or isinstance(item, RecordInvalid) or item.status == status:
+                    yield item
 
     # ------------------------------------------------------------------ worker-thread code
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import inspect
@@ -70,6 +71,7 @@ def coerce_identity(value: object) -> Identity:
     return Identity(*(check_label(part, name) for part, name in zip(parts, names, strict=False)))
 
 
+@functools.lru_cache(maxsize=4096)
 def identity_digest(identity: Identity) -> str:
     """SHA-256 hex of the identity's compact JSON array: the only source of its location."""
     text = json.dumps(list(identity), separators=(",", ":"), ensure_ascii=False)

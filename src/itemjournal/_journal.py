@@ -75,7 +75,7 @@ class Journal:
     def __init__(self, store: Store, *, input_key: bytes | None = None) -> None:
         self._store = store
         self._digester = InputDigester(input_key)
-        self._meta = anyio.Lock()
+        self._meta = anyio.Lock(fast_acquire=True)
         self._busy: dict[Identity, anyio.Event] = {}
 
     @classmethod
@@ -331,7 +331,7 @@ class Journal:
         touched. Returns the views of the records it marked.
         """
         swept: list[RecordView] = []
-        async with contextlib.aclosing(self._store.scan()) as records:
+        async with contextlib.aclosing(self._store.scan(status="started")) as records:
             async for record in records:
                 if isinstance(record, RecordInvalid) or record.status != "started":
                     continue

@@ -36,7 +36,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _KIND = re.compile(r"sha256|hmac-sha256:[0-9a-f]{16}")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
-_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00")
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00")
+MAX_INT = 2**63 - 1
 
 
 def utc_now() -> str:
@@ -44,10 +45,20 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def receipt_problem(receipt: object) -> str | None:
     """Why ``receipt`` breaks the receipt rules, or None when it is acceptable."""
     if not isinstance(receipt, str):
         return f"a receipt is a str, not {type(receipt).__name__}"
+    if _unencodable(receipt):
+        return "a receipt must be valid Unicode (no lone surrogates)"
     if not receipt.strip():
         return "a receipt must not be blank"
     if len(receipt) > MAX_RECEIPT_CHARS:
@@ -58,6 +69,8 @@ def receipt_problem(receipt: object) -> str | None:
 def note_problem(note: object, what: str) -> str | None:
     if not isinstance(note, str):
         return f"{what} is a str, not {type(note).__name__}"
+    if _unencodable(note):
+        return f"{what} must be valid Unicode (no lone surrogates)"
     if not note.strip():
         return f"{what} must not be blank"
     if len(note) > MAX_NOTE_CHARS:
@@ -132,6 +145,22 @@ _OWNER_KEYS = frozenset({"host", "pid", "started_at"})
 _EVENT_KEYS = frozenset({"at", "event", "status", "attempt", "note"})
 
 
+# Documents this process wrote or already read strictly, by their exact bytes: reading
+# the same bytes again gives the same record, so the parse can be skipped. Bounded;
+# plain dict operations are atomic, so worker threads may share it.
+_KNOWN: dict[bytes, Record] = {}
+_KNOWN_LIMIT = 1024
+_KNOWN_MAX_BYTES = 16 * 1024  # at most 16 MiB held, whatever the records look like
+
+
+def _remember(data: bytes, record: Record) -> None:
+    if len(data) > _KNOWN_MAX_BYTES:
+        return
+    if len(_KNOWN) >= _KNOWN_LIMIT:
+        _KNOWN.clear()
+    _KNOWN[data] = record
+
+
 def encode_record(record: Record) -> bytes:
     document: dict[str, Any] = {
         "version": VERSION,
@@ -160,7 +189,9 @@ def encode_record(record: Record) -> bytes:
     }
     # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
     text = json.dumps(document, ensure_ascii=False, sort_keys=True)
-    return (text + "\n").encode("utf-8")
+    data = (text + "\n").encode("utf-8")
+    _remember(data, record)
+    return data
 
 
 class _Bad(Exception):
@@ -189,9 +220,18 @@ def _str(value: Any, what: str, pattern: re.Pattern[str] | None = None) -> str:
 
 
 def _int(value: Any, what: str, minimum: int) -> int:
-    if type(value) is not int or value < minimum:
-        raise _Bad(f"{what} is not an integer >= {minimum}")
+    if type(value) is not int or not minimum <= value <= MAX_INT:
+        raise _Bad(f"{what} is not an integer from {minimum} to 2**63-1")
     return value
+
+
+def _time(value: Any, what: str) -> str:
+    text = _str(value, what, _TIME)
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        raise _Bad(f"{what} is not a real time") from None
+    return text
 
 
 def _opt_note(value: Any, what: str) -> str | None:
@@ -216,6 +256,11 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
         raise _Bad(f"record is not valid JSON ({error})") from error
     if type(raw) is not dict:
         raise _Bad("record is not a JSON object")
+    if b"\\u" in data:  # an escape may smuggle in a lone surrogate, which no write could store
+        try:
+            json.dumps(raw, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Bad("record holds text that is not valid Unicode (a lone surrogate)") from None
     if set(raw) != _KEYS:
         missing = sorted(_KEYS - set(raw))
         unknown = sorted(set(raw) - _KEYS)
@@ -269,7 +314,7 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
             raise _Bad("history entry names an unknown event or status")
         history.append(
             Event(
-                at=_str(entry["at"], "history time", _TIME),
+                at=_time(entry["at"], "history time"),
                 event=entry["event"],
                 status=entry["status"],
                 attempt=_int(entry["attempt"], "history attempt", 1),
@@ -286,8 +331,8 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
         status=status,
         receipt=receipt,
         attempt=_int(raw["attempt"], "attempt", 1),
-        created_at=_str(raw["created_at"], "created_at", _TIME),
-        updated_at=_str(raw["updated_at"], "updated_at", _TIME),
+        created_at=_time(raw["created_at"], "created_at"),
+        updated_at=_time(raw["updated_at"], "updated_at"),
         owner=owner,
         review_reason=review_reason,
         history=tuple(history),
@@ -300,8 +345,15 @@ def decode_record(data: bytes, expected: Identity | str, *, location: str | None
     ``expected`` is the identity asked for, or (when scanning) the identity digest the
     record's location was derived from.
     """
+    known = _KNOWN.get(data)
+    if known is not None:
+        wanted = known.identity if isinstance(expected, tuple) else identity_digest(known.identity)
+        if wanted == expected:
+            return known
     try:
-        return _decode(data, expected)
+        record = _decode(data, expected)
     except _Bad as error:
         where = f" at {location}" if location else ""
         raise RecordInvalid(f"record{where} is invalid: {error}", location=location) from None
+    _remember(data, record)
+    return record

@@ -2,9 +2,10 @@
 
 Operations that arrive while a commit is in flight wait in a queue; the next batch
 takes all of them into ONE ``BEGIN IMMEDIATE`` transaction with ONE commit (one WAL
-sync), each inside its own savepoint so that a refusal or a bad record undoes only
-that operation. Every caller is answered only after the commit returned. A lone
-operation runs at once: there is no timer waiting for company.
+sync). Each step decides before its operation writes anything, so a refusal or a bad
+record leaves nothing to undo and never costs the other operations of the batch. Every
+caller is answered only after the commit returned. A lone operation runs at once: there
+is no timer waiting for company.
 
 Across processes, SQLite's own write lock (``BEGIN IMMEDIATE`` with a busy timeout)
 keeps read-decide-write atomic, so claims stay exclusive and no transition is lost.
@@ -58,7 +59,7 @@ def _fail(what: str, error: sqlite3.Error | OSError) -> StorageFailed:
 class _Operation(Generic[T]):
     """One caller's step, waiting for (or inside) a batch."""
 
-    __slots__ = ("answer", "digest", "done", "error", "identity", "leads", "state", "step")
+    __slots__ = ("_done", "answer", "digest", "error", "identity", "leads", "state", "step")
 
     def __init__(self, identity: Identity, step: StepFunction[T]) -> None:
         self.identity = identity
@@ -66,9 +67,21 @@ class _Operation(Generic[T]):
         self.step = step
         self.state = _PENDING
         self.leads = False
-        self.done = anyio.Event()
+        self._done: anyio.Event | None = None
         self.answer: T = _UNSET
         self.error: BaseException | None = None
+
+    @property
+    def done(self) -> anyio.Event:
+        """Set when the operation is done, or when it is made the leader (made on demand:
+        a lone operation never waits, so it never needs one)."""
+        if self._done is None:
+            self._done = anyio.Event()
+        return self._done
+
+    def wake(self) -> None:
+        if self._done is not None:
+            self._done.set()
 
     def result(self) -> T:
         if self.error is not None:
@@ -202,7 +215,7 @@ class SQLiteStore:
     # ------------------------------------------------------------------ the seam
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
-        await anyio.lowlevel.checkpoint()  # the only cancel point before it is queued
+        await anyio.lowlevel.checkpoint_if_cancelled()  # the only cancel point before queueing
         if self._closed:
             raise StorageFailed(f"{self!r} is closed")
         operation: _Operation[T] = _Operation(identity, step)
@@ -229,7 +242,7 @@ class SQLiteStore:
                             if member.answer is _UNSET and member.error is None:
                                 member.error = StorageFailed("the batch holding this call failed")
                             member.state = _DONE
-                            member.done.set()
+                            member.wake()
                     else:  # cancelled before the batch began: nothing ran, give it back
                         others = [member for member in batch if member is not operation]
                         for member in others:
@@ -265,17 +278,19 @@ class SQLiteStore:
         if self._queue:
             successor = self._queue[0]
             successor.leads = True
-            successor.done.set()  # wakes it; its state stays pending, so it leads
+            successor.done.set()  # wakes it (or, not yet waiting, it finds it set); it leads
         else:
             self._leading = False
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         return await run_in_thread(self._peek_sync, identity, view)
 
-    async def scan(self, *, batch: int = 256) -> AsyncGenerator[Record | RecordInvalid, None]:
+    async def scan(
+        self, *, status: str | None = None, batch: int = 256
+    ) -> AsyncGenerator[Record | RecordInvalid, None]:
         after = ""
         while True:
-            rows = await run_in_thread(self._page_sync, after, batch)
+            rows = await run_in_thread(self._page_sync, after, batch, status)
             for digest, item in rows:
                 after = digest
                 yield item
@@ -325,29 +340,34 @@ class SQLiteStore:
             raise RecordInvalid(f"record at {self.location} belongs to another identity")
         return view(record)
 
-    def _page_sync(self, after: str, size: int) -> list[tuple[str, Record | RecordInvalid]]:
+    def _page_sync(
+        self, after: str, size: int, status: str | None
+    ) -> list[tuple[str, Record | RecordInvalid]]:
+        # With a status, the status index (which also holds the digest) serves the query.
+        where = "digest > ?" if status is None else "status = ? AND digest > ?"
+        params = (after, size) if status is None else (status, after, size)
         try:
             rows = (
                 self._reader()
                 .execute(
                     "SELECT digest, status, document FROM itemjournal_records "
-                    "WHERE digest > ? ORDER BY digest LIMIT ?",
-                    (after, size),
+                    f"WHERE {where} ORDER BY digest LIMIT ?",
+                    params,
                 )
                 .fetchall()
             )
         except sqlite3.Error as error:
             raise _fail(f"cannot read {self.location}", error) from error
         page: list[tuple[str, Record | RecordInvalid]] = []
-        for digest, status, document in rows:
+        for digest, column, document in rows:
             try:
-                page.append((digest, self._decode(digest, status, document)))
+                page.append((digest, self._decode(digest, column, document)))
             except RecordInvalid as error:
                 page.append((digest, error))
         return page
 
     def _run_batch(self, batch: list[_Operation[Any]], began: list[bool]) -> None:
-        """One transaction, one savepoint per operation, one commit."""
+        """One transaction, one commit, for every operation of the batch."""
         began.append(True)
         connection = self._writer
         if connection is None:
@@ -385,38 +405,36 @@ class SQLiteStore:
                     operation.error = failure
 
     def _run_one(self, connection: sqlite3.Connection, operation: _Operation[Any]) -> bool:
-        """Run one step inside a savepoint; True when it wrote something."""
-        connection.execute("SAVEPOINT operation")
+        """Read, decide, write one operation inside the batch; True when it wrote.
+
+        The step decides before anything of its own is written, so a refusal (or a bad
+        record) leaves nothing to undo and the batch's other operations stand; a failing
+        SQL statement fails the whole transaction instead (see ``_run_batch``).
+        """
+        row = connection.execute(
+            "SELECT status, document FROM itemjournal_records WHERE digest = ?",
+            (operation.digest,),
+        ).fetchone()
         try:
-            row = connection.execute(
-                "SELECT status, document FROM itemjournal_records WHERE digest = ?",
-                (operation.digest,),
-            ).fetchone()
             current = None if row is None else self._decode(operation.digest, row[0], row[1])
             decision: Step[Any] = operation.step(current)
-            wrote = True
-            if decision.delete:
-                connection.execute(
-                    "DELETE FROM itemjournal_records WHERE digest = ?", (operation.digest,)
-                )
-            elif decision.write is not None:
-                connection.execute(
-                    "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
-                    "ON CONFLICT (digest) DO UPDATE SET "
-                    "status = excluded.status, document = excluded.document",
-                    (operation.digest, decision.write.status, encode_record(decision.write)),
-                )
-            else:
-                wrote = False
-            connection.execute("RELEASE operation")
-        except sqlite3.Error:
-            connection.execute("ROLLBACK TO operation")
-            connection.execute("RELEASE operation")
-            raise
-        except BaseException as error:
-            connection.execute("ROLLBACK TO operation")
-            connection.execute("RELEASE operation")
+            data = None if decision.write is None else encode_record(decision.write)
+        except Exception as error:
             operation.error = error
             return False
+        if decision.delete:
+            connection.execute(
+                "DELETE FROM itemjournal_records WHERE digest = ?", (operation.digest,)
+            )
+        elif decision.write is not None:
+            connection.execute(
+                "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
+                "ON CONFLICT (digest) DO UPDATE SET "
+                "status = excluded.status, document = excluded.document",
+                (operation.digest, decision.write.status, data),
+            )
+        else:
+            operation.answer = decision.answer
+            return False
         operation.answer = decision.answer
-        return wrote
+        return True

@@ -55,8 +55,9 @@ class Store(Protocol):
         """Read the record and pass it to ``view`` (in the same worker trip)."""
         ...
 
-    def scan(self) -> AsyncGenerator[Record | RecordInvalid, None]:
-        """Every stored record, in no promised order; an unreadable one as ``RecordInvalid``.
+    def scan(self, *, status: str | None = None) -> AsyncGenerator[Record | RecordInvalid, None]:
+        """Every stored record (with ``status``, only those), in no promised order; an
+        unreadable one as ``RecordInvalid`` (always included: its status is unknown).
 
         Reads in batches (one worker trip each); records may change while a scan runs.
         """

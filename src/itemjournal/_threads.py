@@ -26,7 +26,7 @@ _PENDING, _RUNNING, _ABANDONED = 0, 1, 2
 
 
 class _Trip(Generic[T]):
-    __slots__ = ("_args", "_error", "_function", "_lock", "_state", "_value", "done")
+    __slots__ = ("_args", "_error", "_function", "_lock", "_state", "_value", "finished")
 
     def __init__(self, function: Callable[..., T], args: tuple[object, ...]) -> None:
         self._function = function
@@ -35,7 +35,7 @@ class _Trip(Generic[T]):
         self._state = _PENDING
         self._value: T | None = None
         self._error: BaseException | None = None
-        self.done = threading.Event()
+        self.finished = False
 
     def run(self) -> None:
         with self._lock:
@@ -47,7 +47,7 @@ class _Trip(Generic[T]):
         except BaseException as error:
             self._error = error
         finally:
-            self.done.set()
+            self.finished = True
 
     def abandon(self) -> bool:
         """Make sure the trip never starts; False when it already has."""
@@ -72,7 +72,7 @@ async def run_in_thread(function: Callable[[Unpack[Args]], T], *args: *Args) -> 
     except BaseException:
         if not trip.abandon():
             with anyio.CancelScope(shield=True):
-                while not trip.done.is_set():
+                while not trip.finished:
                     try:
                         await anyio.sleep(0.0005)
                     except anyio.get_cancelled_exc_class():
