@@ -62,7 +62,9 @@ async def transition(root: str, seed: int, mode: str, path: str) -> None:
     journal = await Journal.open(root)
     with open(path) as stream:
         claims = [Claim(**{**c, "identity": tuple(c["identity"])}) for c in json.load(stream)]
-    random.Random(seed).shuffle(claims)
+    # The two contenders walk the claims from opposite ends, so they meet (and contest)
+    # whatever their relative speed.
+    claims.sort(key=lambda claim: claim.identity[3], reverse=mode == "review")
     print("ready", flush=True)
     await anyio.to_thread.run_sync(sys.stdin.readline)
     results: dict[str, str] = {}

@@ -39,6 +39,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _builders import started_record
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -925,24 +926,6 @@ NOT_REGULAR = [
     make_sparse_giant,
     make_just_over_the_limit,
 ]
-
-
-def started_record(identity: Identity) -> Record:
-    record = Record(
-        identity=identity,
-        input_kind="sha256",
-        input_hash="a" * 64,
-        definition_hash=DEFINITION,
-        claim_id="b" * 32,
-        status="started",
-        receipt=None,
-        attempt=1,
-        created_at=NOW,
-        updated_at=NOW,
-        owner=Owner("elsewhere", 42, NOW),
-        review_reason=None,
-    )
-    return record.advance("begin", "started", NOW)
 
 
 def snapshot(path: Path) -> tuple[object, ...]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _builders import started_record
 
 from itemjournal import Identity, Journal, RecordInvalid, definition_digest
 from itemjournal._records import (
@@ -27,21 +28,7 @@ NOW = "2026-11-30T00:00:00.000000+00:00"
 
 
 def started() -> Record:
-    record = Record(
-        identity=IDENTITY,
-        input_kind="sha256",
-        input_hash="a" * 64,
-        definition_hash=DEFINITION,
-        claim_id="b" * 32,
-        status="started",
-        receipt=None,
-        attempt=1,
-        created_at=NOW,
-        updated_at=NOW,
-        owner=Owner("host", 42, "2026-11-29T23:00:00.000+00:00"),
-        review_reason=None,
-    )
-    return record.advance("begin", "started", NOW)
+    return started_record(IDENTITY, Owner("host", 42, "2026-11-29T23:00:00.000+00:00"))
 
 
 def document(record: Record | None = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _builders import started_record
 
 from itemjournal import (
     Claim,
@@ -16,7 +17,6 @@ from itemjournal import (
     Identity,
     InvalidArgument,
     Journal,
-    Owner,
     RecordInvalid,
     RecordView,
     SQLiteStore,
@@ -304,20 +304,7 @@ def writer(n: int, ran: list[int]) -> Callable[[Record | None], Step[int]]:
 
     def step(current: Record | None) -> Step[int]:
         ran.append(n)
-        record = Record(
-            identity=Identity(*item(n)),
-            input_kind="sha256",
-            input_hash="a" * 64,
-            definition_hash=DEFINITION,
-            claim_id="c" * 32,
-            status="started",
-            receipt=None,
-            attempt=1,
-            created_at="2026-11-30T00:00:00.000000+00:00",
-            updated_at="2026-11-30T00:00:00.000000+00:00",
-            owner=Owner("elsewhere", 1, ""),
-            review_reason=None,
-        )
+        record = started_record(Identity(*item(n)))
         return Step(record, n)
 
     return step
