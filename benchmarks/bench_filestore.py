@@ -35,30 +35,36 @@ import argparse
 import hashlib
 import math
 import os
-import platform
 import secrets
-import shutil
-import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
+from _common import (
+    CycleFunction,
+    add_common_arguments,
+    by_round,
+    drive_cycles,
+    journal_cycle,
+    median,
+    package_version,
+    positive,
+    run_benchmark,
+    run_directory,
+    table,
+    verdict,
+)
 
-from itemjournal import Claim, Journal, definition_digest
+from itemjournal import Journal, definition_digest
 
 BACKENDS = ("asyncio", "trio")
 TICK = 0.001
 THROUGHPUT_GOAL = 0.70
 LAG_GOAL = 1.5
 IDLE_SECONDS = 0.25
-
-CycleFunction = Callable[[int], Awaitable[None]]
 
 
 # ---------------------------------------------------------------------- measurement
@@ -106,23 +112,10 @@ async def _ticker(lags: list[float]) -> None:
 async def _measure(cycle: CycleFunction, cycles: int, concurrency: int) -> Sample:
     """Run ``cycles`` cycles on ``concurrency`` tasks while the ticker watches the loop."""
     lags: list[float] = []
-    next_index = 0
-
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < cycles:
-            index = next_index
-            next_index += 1
-            await cycle(index)
-
     async with anyio.create_task_group() as outer:
         outer.start_soon(_ticker, lags)
         await anyio.lowlevel.checkpoint()  # let the ticker take its first step
-        started = time.perf_counter()
-        async with anyio.create_task_group() as workers:
-            for _ in range(concurrency):
-                workers.start_soon(worker)
-        elapsed = time.perf_counter() - started
+        elapsed = await drive_cycles(cycle, cycles, concurrency)
         outer.cancel_scope.cancel()
     return Sample(cycles, elapsed, tuple(lags))
 
@@ -138,28 +131,14 @@ async def _idle_sample() -> Sample:
 # ---------------------------------------------------------------------- workloads
 
 
-async def _remove(path: str) -> None:
-    await anyio.to_thread.run_sync(shutil.rmtree, path)
-
-
 async def run_journal(base: str, cycles: int, concurrency: int, payload: int) -> Sample:
     """begin + complete cycles through ``Journal`` on a fresh file store."""
     del payload  # the journal writes its own records
-    root = tempfile.mkdtemp(prefix="journal-", dir=base)
-    try:
+    async with run_directory(base, "journal-") as root:
         definition = definition_digest("bench-filestore-v1")
         async with await Journal.open(root) as journal:
-
-            async def cycle(index: int) -> None:
-                identity = ("bench", "file", "cycle", f"i{index}")
-                claim = await journal.begin(identity, {"n": str(index)}, definition)
-                if not isinstance(claim, Claim):
-                    raise TypeError(f"expected a fresh claim for {identity}, got {claim!r}")
-                await journal.complete(claim, f"receipt-{index}")
-
+            cycle = journal_cycle(journal, "file", definition)
             return await _measure(cycle, cycles, concurrency)
-    finally:
-        await _remove(root)
 
 
 def _sync_dir(path: str) -> None:
@@ -221,8 +200,7 @@ class BareSaves:
 
 async def run_bare(base: str, cycles: int, concurrency: int, payload: int) -> Sample:
     """The same saves with no journal logic, one worker-thread trip per save."""
-    root = tempfile.mkdtemp(prefix="bare-", dir=base)
-    try:
+    async with run_directory(base, "bare-") as root:
         saves = BareSaves(root, payload)
 
         async def cycle(index: int) -> None:
@@ -230,8 +208,6 @@ async def run_bare(base: str, cycles: int, concurrency: int, payload: int) -> Sa
             await anyio.to_thread.run_sync(saves.complete, index)
 
         return await _measure(cycle, cycles, concurrency)
-    finally:
-        await _remove(root)
 
 
 WORKLOADS = {"journal": run_journal, "bare": run_bare}
@@ -273,11 +249,12 @@ async def _run_round(backend: str, round_index: int, settings: Settings) -> dict
     return samples
 
 
-def _run_all(backends: tuple[str, ...], settings: Settings) -> dict[str, dict[str, list[Sample]]]:
+Results = dict[str, dict[str, list[Sample]]]  # backend -> workload -> one sample a round
+
+
+def _run_all(backends: tuple[str, ...], settings: Settings) -> Results:
     """Every round runs each backend once; the backend order alternates too."""
-    results: dict[str, dict[str, list[Sample]]] = {
-        backend: {"journal": [], "bare": [], "idle": []} for backend in backends
-    }
+    results: Results = {backend: {"journal": [], "bare": [], "idle": []} for backend in backends}
     for round_index in range(settings.rounds):
         order = backends if round_index % 2 == 0 else backends[::-1]
         for backend in order:
@@ -287,37 +264,7 @@ def _run_all(backends: tuple[str, ...], settings: Settings) -> dict[str, dict[st
     return results
 
 
-def _median(values: list[float]) -> float:
-    finite = [value for value in values if not math.isnan(value)]
-    return statistics.median(finite) if finite else math.nan
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def _numeric(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return cell == "-"
-    return True
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            cell.rjust(width) if _numeric(cell) else cell.ljust(width)
-            for cell, width in zip(cells, widths, strict=True)
-        ).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
-
-
-def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> bool:
+def _report(settings: Settings, results: Results) -> bool:
     main_rows: list[list[str]] = []
     ratio_rows: list[list[str]] = []
     all_pass = True
@@ -326,9 +273,9 @@ def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> 
         for name in ("journal", "bare", "idle"):
             samples = by_workload[name]
             medians[name] = (
-                _median([sample.rate for sample in samples]),
-                _median([sample.p50_ms for sample in samples]),
-                _median([sample.p99_ms for sample in samples]),
+                median([sample.rate for sample in samples]),
+                median([sample.p50_ms for sample in samples]),
+                median([sample.p99_ms for sample in samples]),
             )
             rate, p50, p99 = medians[name]
             main_rows.append(
@@ -348,8 +295,8 @@ def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> 
             journal.p99_ms / bare.p99_ms if bare.p99_ms > 0 else math.inf
             for journal, bare in paired
         ]
-        throughput = _median(rate_ratios)
-        lag = _median(lag_ratios)
+        throughput = median(rate_ratios)
+        lag = median(lag_ratios)
         throughput_ok = throughput >= THROUGHPUT_GOAL
         lag_ok = lag <= LAG_GOAL
         all_pass = all_pass and throughput_ok and lag_ok
@@ -357,11 +304,11 @@ def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> 
             [
                 backend,
                 f"{throughput:.3f}",
-                _verdict(throughput_ok),
+                verdict(throughput_ok),
                 f"{lag:.3f}",
-                _verdict(lag_ok),
-                " ".join(f"{value:.2f}" for value in rate_ratios),
-                " ".join(f"{value:.2f}" for value in lag_ratios),
+                verdict(lag_ok),
+                by_round(rate_ratios),
+                by_round(lag_ratios),
             ]
         )
 
@@ -371,10 +318,10 @@ def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> 
         f"(medians over rounds; lag = lateness of a {TICK * 1000:g} ms sleep)"
     )
     print()
-    print(_table(["backend", "workload", "cycles/s", "p50 lag ms", "p99 lag ms"], main_rows))
+    print(table(["backend", "workload", "cycles/s", "p50 lag ms", "p99 lag ms"], main_rows))
     print()
     print(
-        _table(
+        table(
             [
                 "backend",
                 "journal/bare cycles/s",
@@ -394,76 +341,32 @@ def _report(settings: Settings, results: dict[str, dict[str, list[Sample]]]) -> 
     return all_pass
 
 
-def _pick_base(requested: str | None) -> str:
-    """A scratch directory on the repository's filesystem (the system temp dir if it is)."""
-    repo = Path(__file__).resolve().parent.parent
-    if requested is not None:
-        parent = requested
-    else:
-        parent = tempfile.gettempdir()
-        if os.stat(parent).st_dev != os.stat(repo).st_dev:
-            parent = str(repo / "benchmarks")
-    return tempfile.mkdtemp(prefix="itemjournal-bench-", dir=parent)
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Journal file store vs the bare fsync limit: throughput and loop lag."
     )
-    parser.add_argument("--cycles", type=_positive, default=2000, help="cycles per run")
-    parser.add_argument("--concurrency", type=_positive, default=16, help="tasks per run")
-    parser.add_argument("--rounds", type=_positive, default=3, help="rounds per backend")
+    parser.add_argument("--cycles", type=positive, default=2000, help="cycles per run")
+    parser.add_argument("--concurrency", type=positive, default=16, help="tasks per run")
+    parser.add_argument("--rounds", type=positive, default=3, help="rounds per backend")
     parser.add_argument(
-        "--payload", type=_positive, default=1024, help="bytes per bare save (default 1024)"
+        "--payload", type=positive, default=1024, help="bytes per bare save (default 1024)"
     )
     parser.add_argument(
         "--backend", choices=[*BACKENDS, "both"], default="both", help="which anyio backend(s)"
     )
-    parser.add_argument(
-        "--dir", default=None, help="parent of the scratch directory (default: system temp)"
-    )
-    parser.add_argument(
-        "--strict", action="store_true", help="exit with status 1 when a goal is missed"
-    )
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
 
     backends = BACKENDS if args.backend == "both" else (args.backend,)
-    base = _pick_base(args.dir)
-    settings = Settings(args.cycles, args.concurrency, args.rounds, args.payload, base)
-    repo = Path(__file__).resolve().parent.parent
-    same_fs = os.stat(base).st_dev == os.stat(repo).st_dev
-    environment = (
-        f"python {platform.python_version()}, anyio {_version('anyio')}, "
-        f"trio {_version('trio')}, {os.cpu_count()} CPUs; scratch {base} "
-        f"({'same' if same_fs else 'NOT the same'} filesystem as the repository)"
+
+    def measure(base: str) -> tuple[Settings, Results]:
+        settings = Settings(args.cycles, args.concurrency, args.rounds, args.payload, base)
+        return settings, _run_all(backends, settings)
+
+    versions = {"anyio": package_version("anyio"), "trio": package_version("trio")}
+    return run_benchmark(
+        args.dir, versions, measure, lambda done: _report(*done), strict=args.strict
     )
-    print(environment, file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    try:
-        results = _run_all(backends, settings)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    print(file=sys.stderr)
-    print(environment)
-    all_pass = _report(settings, results)
-    print(f"\ntotal {time.perf_counter() - started:.1f} s")
-    return 1 if args.strict and not all_pass else 0
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 if __name__ == "__main__":

@@ -53,26 +53,34 @@ import hashlib
 import json
 import math
 import os
-import platform
 import secrets
-import shutil
 import socket
 import sqlite3
-import statistics
 import sys
-import tempfile
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aiosqlite
 import anyio
 import anyio.to_thread
+from _common import (
+    add_common_arguments,
+    at_least,
+    by_round,
+    drive_cycles,
+    journal_cycle,
+    median,
+    package_version,
+    positive,
+    run_benchmark,
+    run_directory,
+    table,
+    verdict,
+)
 
-from itemjournal import Claim, Journal, SQLiteStore, definition_digest
+from itemjournal import Journal, SQLiteStore, definition_digest
 
 BACKEND = "asyncio"  # aiosqlite runs on asyncio only
 STORES = ("sqlite", "aiosqlite", "file")
@@ -80,8 +88,6 @@ GOAL_GROUPED = 2.0  # sqlite/aiosqlite at the high concurrency
 AIM_GROUPED = 3.0
 GOAL_SINGLE = 1.0  # sqlite/aiosqlite at one task
 BUSY_TIMEOUT_MS = 30_000
-
-CycleFunction = Callable[[int], Awaitable[None]]
 
 
 # ---------------------------------------------------------------------- measurement
@@ -102,24 +108,6 @@ class Sample:
     @property
     def commits_per_cycle(self) -> float:
         return math.nan if self.commits is None else self.commits / self.cycles
-
-
-async def _drive(cycle: CycleFunction, cycles: int, concurrency: int) -> float:
-    """Run ``cycles`` cycles on ``concurrency`` tasks sharing one counter; the seconds taken."""
-    next_index = 0
-
-    async def worker() -> None:
-        nonlocal next_index
-        while next_index < cycles:
-            index = next_index
-            next_index += 1
-            await cycle(index)
-
-    started = time.perf_counter()
-    async with anyio.create_task_group() as group:
-        for _ in range(concurrency):
-            group.start_soon(worker)
-    return time.perf_counter() - started
 
 
 def _check_count(found: int, cycles: int, what: str) -> None:
@@ -151,22 +139,13 @@ def _count_files(root: str) -> int:
 
 
 async def _journal_cycles(journal: Journal, kind: str, cycles: int, concurrency: int) -> float:
-    definition = definition_digest(f"bench-{kind}-v1")
-
-    async def cycle(index: int) -> None:
-        identity = ("bench", kind, "cycle", f"i{index}")
-        claim = await journal.begin(identity, {"n": str(index)}, definition)
-        if not isinstance(claim, Claim):
-            raise TypeError(f"expected a fresh claim for {identity}, got {claim!r}")
-        await journal.complete(claim, f"receipt-{index}")
-
-    return await _drive(cycle, cycles, concurrency)
+    cycle = journal_cycle(journal, kind, definition_digest(f"bench-{kind}-v1"))
+    return await drive_cycles(cycle, cycles, concurrency)
 
 
 async def run_sqlite(base: str, cycles: int, concurrency: int) -> Sample:
     """begin + complete through ``Journal`` on a fresh SQLite store."""
-    root = tempfile.mkdtemp(prefix="sqlite-", dir=base)
-    try:
+    async with run_directory(base, "sqlite-") as root:
         path = os.path.join(root, "j.db")
         async with await Journal.open(f"sqlite://{path}") as journal:
             store = journal.store
@@ -178,21 +157,16 @@ async def run_sqlite(base: str, cycles: int, concurrency: int) -> Sample:
         found = await anyio.to_thread.run_sync(_count_sqlite_succeeded, path)
         _check_count(found, cycles, "sqlite store")
         return Sample(cycles, seconds, commits)
-    finally:
-        await anyio.to_thread.run_sync(shutil.rmtree, root)
 
 
 async def run_file(base: str, cycles: int, concurrency: int) -> Sample:
     """begin + complete through ``Journal`` on a fresh file store."""
-    root = tempfile.mkdtemp(prefix="file-", dir=base)
-    try:
+    async with run_directory(base, "file-") as root:
         async with await Journal.open(root) as journal:
             seconds = await _journal_cycles(journal, "file", cycles, concurrency)
         found = await anyio.to_thread.run_sync(_count_files, root)
         _check_count(found, cycles, "file store")
         return Sample(cycles, seconds, None)
-    finally:
-        await anyio.to_thread.run_sync(shutil.rmtree, root)
 
 
 # ---------------------------------------------------------------------- the aiosqlite peer
@@ -380,8 +354,7 @@ class AiosqlitePeer:
 
 async def run_aiosqlite(base: str, cycles: int, concurrency: int) -> Sample:
     """begin + complete through the aiosqlite peer on a fresh database."""
-    root = tempfile.mkdtemp(prefix="aiosqlite-", dir=base)
-    try:
+    async with run_directory(base, "aiosqlite-") as root:
         peer = await AiosqlitePeer.open(os.path.join(root, "peer.db"))
         try:
             definition = definition_digest("bench-aiosqlite-v1")
@@ -394,7 +367,7 @@ async def run_aiosqlite(base: str, cycles: int, concurrency: int) -> Sample:
                 await peer.complete(claim, f"receipt-{index}")
 
             before = peer.commits
-            seconds = await _drive(cycle, cycles, concurrency)
+            seconds = await drive_cycles(cycle, cycles, concurrency)
             commits = peer.commits - before
             rows = list(
                 await peer.db.execute_fetchall(
@@ -405,8 +378,6 @@ async def run_aiosqlite(base: str, cycles: int, concurrency: int) -> Sample:
         finally:
             await peer.aclose()
         return Sample(cycles, seconds, commits)
-    finally:
-        await anyio.to_thread.run_sync(shutil.rmtree, root)
 
 
 WORKLOADS: dict[str, Callable[[str, int, int], Awaitable[Sample]]] = {
@@ -473,47 +444,17 @@ def _run_all(settings: Settings) -> Results:
     return results
 
 
-def _median(values: list[float]) -> float:
-    finite = [value for value in values if not math.isnan(value)]
-    return statistics.median(finite) if finite else math.nan
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISS"
-
-
-def _numeric(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return cell == "-"
-    return True
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            cell.rjust(width) if _numeric(cell) else cell.ljust(width)
-            for cell, width in zip(cells, widths, strict=True)
-        ).rstrip()
-
-    rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
-
-
 def _report(settings: Settings, results: Results) -> bool:
     rows: list[list[str]] = []
     for concurrency in settings.concurrencies:
         for store in STORES:
             samples = results[store, concurrency]
-            per_cycle = _median([sample.commits_per_cycle for sample in samples])
+            per_cycle = median([sample.commits_per_cycle for sample in samples])
             rows.append(
                 [
                     store,
                     str(concurrency),
-                    f"{_median([sample.rate for sample in samples]):.1f}",
+                    f"{median([sample.rate for sample in samples]):.1f}",
                     "-" if math.isnan(per_cycle) else f"{per_cycle:.3f}",
                 ]
             )
@@ -526,8 +467,8 @@ def _report(settings: Settings, results: Results) -> bool:
     all_pass = True
     for concurrency in settings.concurrencies:
         goal = GOAL_GROUPED if concurrency != 1 else GOAL_SINGLE
-        by_round = ratios("sqlite", "aiosqlite", concurrency)
-        value = _median(by_round)
+        ratios_by_round = ratios("sqlite", "aiosqlite", concurrency)
+        value = median(ratios_by_round)
         ok = value >= goal
         all_pass = all_pass and ok
         aim = ""
@@ -539,21 +480,21 @@ def _report(settings: Settings, results: Results) -> bool:
                 str(concurrency),
                 f"{value:.2f}",
                 f">= {goal:.1f}",
-                _verdict(ok),
-                " ".join(f"{r:.2f}" for r in by_round),
+                verdict(ok),
+                by_round(ratios_by_round),
                 aim,
             ]
         )
     for concurrency in settings.concurrencies:
-        by_round = ratios("sqlite", "file", concurrency)
+        ratios_by_round = ratios("sqlite", "file", concurrency)
         ratio_rows.append(
             [
                 "sqlite / file",
                 str(concurrency),
-                f"{_median(by_round):.2f}",
+                f"{median(ratios_by_round):.2f}",
                 "-",
                 "(reference)",
-                " ".join(f"{r:.2f}" for r in by_round),
+                by_round(ratios_by_round),
                 "",
             ]
         )
@@ -570,10 +511,10 @@ def _report(settings: Settings, results: Results) -> bool:
         "on the shared connection"
     )
     print()
-    print(_table(["store", "concurrency", "cycles/s", "commits/cycle"], rows))
+    print(table(["store", "concurrency", "cycles/s", "commits/cycle"], rows))
     print()
     print(
-        _table(
+        table(
             ["ratio (cycles/s)", "concurrency", "median", "goal", "verdict", "by round", "aim"],
             ratio_rows,
         )
@@ -585,82 +526,35 @@ def _report(settings: Settings, results: Results) -> bool:
     return all_pass
 
 
-def _pick_base(requested: str | None) -> str:
-    """A scratch directory on the repository's filesystem (the system temp dir if it is)."""
-    repo = Path(__file__).resolve().parent.parent
-    if requested is not None:
-        parent = requested
-    else:
-        parent = tempfile.gettempdir()
-        if os.stat(parent).st_dev != os.stat(repo).st_dev:
-            parent = str(repo / "benchmarks")
-    return tempfile.mkdtemp(prefix="itemjournal-bench-", dir=parent)
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-_positive = _at_least(1)
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Journal SQLite store vs a plain aiosqlite journal (and the file store)."
     )
     parser.add_argument(
-        "--cycles", type=_positive, default=2000, help="cycles per run at the high concurrency"
+        "--cycles", type=positive, default=2000, help="cycles per run at the high concurrency"
     )
     parser.add_argument(
-        "--cycles-single", type=_positive, default=1000, help="cycles per run at concurrency 1"
+        "--cycles-single", type=positive, default=1000, help="cycles per run at concurrency 1"
     )
     parser.add_argument(
-        "--concurrency", type=_at_least(2), default=16, help="tasks per run (the high concurrency)"
+        "--concurrency", type=at_least(2), default=16, help="tasks per run (the high concurrency)"
     )
-    parser.add_argument("--rounds", type=_positive, default=3, help="rounds")
-    parser.add_argument(
-        "--dir", default=None, help="parent of the scratch directory (default: system temp)"
-    )
-    parser.add_argument(
-        "--strict", action="store_true", help="exit with status 1 when a goal is missed"
-    )
+    parser.add_argument("--rounds", type=positive, default=3, help="rounds")
+    add_common_arguments(parser)
     args = parser.parse_args(argv)
 
-    base = _pick_base(args.dir)
-    settings = Settings(args.cycles, args.cycles_single, args.concurrency, args.rounds, base)
-    repo = Path(__file__).resolve().parent.parent
-    same_fs = os.stat(base).st_dev == os.stat(repo).st_dev
-    environment = (
-        f"python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-        f"aiosqlite {_version('aiosqlite')}, anyio {_version('anyio')}, {os.cpu_count()} CPUs; "
-        f"scratch {base} ({'same' if same_fs else 'NOT the same'} filesystem as the repository)"
+    def measure(base: str) -> tuple[Settings, Results]:
+        settings = Settings(args.cycles, args.cycles_single, args.concurrency, args.rounds, base)
+        return settings, _run_all(settings)
+
+    versions = {
+        "SQLite": sqlite3.sqlite_version,
+        "aiosqlite": package_version("aiosqlite"),
+        "anyio": package_version("anyio"),
+    }
+    return run_benchmark(
+        args.dir, versions, measure, lambda done: _report(*done), strict=args.strict
     )
-    print(environment, file=sys.stderr, flush=True)
-    started = time.perf_counter()
-    try:
-        results = _run_all(settings)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    print(file=sys.stderr)
-    print(environment)
-    all_pass = _report(settings, results)
-    print(f"\ntotal {time.perf_counter() - started:.1f} s")
-    return 1 if args.strict and not all_pass else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from itemjournal import (
 )
 from itemjournal._identity import identity_digest
 from itemjournal._records import Record
-from itemjournal._sqlitestore import _Operation
+from itemjournal._sqlitestore import _Operation, _page_query
 
 pytestmark = pytest.mark.anyio
 
@@ -415,7 +415,7 @@ async def test_unreadable_database_on_read(db: Path) -> None:
         [entry async for entry in store.scan()]
 
 
-async def test_a_status_scan_uses_the_status_index(db: Path) -> None:
+async def test_a_status_scan_uses_the_open_records_index(db: Path) -> None:
     store, journal = await open_journal(db)
     for n in range(6):
         claim = await journal.begin(item(n), INPUTS, DEFINITION)
@@ -428,10 +428,12 @@ async def test_a_status_scan_uses_the_status_index(db: Path) -> None:
         "item-2",
         "item-4",
     ]
+    done = [r async for r in store.scan(status="succeeded")]
+    assert len(done) == 3
+    assert [r async for r in store.scan(status="no such status")] == []
     with sqlite3.connect(db) as connection:
-        plan = connection.execute(
-            "EXPLAIN QUERY PLAN SELECT digest, status, document FROM itemjournal_records "
-            "WHERE status = ? AND digest > ? ORDER BY digest LIMIT ?",
-            ("started", "", 10),
-        ).fetchall()
-    assert "itemjournal_records_status" in str(plan)
+        for status, index in (("started", True), ("needs_review", True), ("released", False)):
+            query = _page_query(status)
+            assert query is not None
+            plan = str(connection.execute(f"EXPLAIN QUERY PLAN {query}", ("", 10)).fetchall())
+            assert ("itemjournal_records_open" in plan) is index, plan

@@ -24,6 +24,7 @@ import anyio
 
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._identity import Identity, identity_digest
+from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import run_in_thread
@@ -44,9 +45,12 @@ CREATE TABLE IF NOT EXISTS itemjournal_records (
     status TEXT NOT NULL,
     document BLOB NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS itemjournal_records_status ON itemjournal_records (status);
+CREATE INDEX IF NOT EXISTS itemjournal_records_open ON itemjournal_records (status)
+    WHERE status IN ('started', 'needs_review');
 """
 
+_OPEN: Final = ("started", "needs_review")  # the statuses in the partial index
+_OPEN_CONDITION: Final = "status IN ('started', 'needs_review')"
 _PENDING, _TAKEN, _DONE = 0, 1, 2
 _UNSET: Final[Any] = object()
 
@@ -54,6 +58,25 @@ _UNSET: Final[Any] = object()
 def _fail(what: str, error: sqlite3.Error | OSError) -> StorageFailed:
     code = getattr(error, "errno", None)
     return StorageFailed(f"{what}: {error}", errno=code if isinstance(code, int) else None)
+
+
+def _page_query(status: str | None) -> str | None:
+    """The SQL of one page of a scan (parameters: after digest, page size).
+
+    The open statuses (what sweeps and review queues look for) have a partial index
+    (status, digest); SQLite uses it when the query repeats the index's condition.
+    """
+    columns = "SELECT digest, status, document FROM itemjournal_records"
+    if status is None:
+        return f"{columns} WHERE digest > ? ORDER BY digest LIMIT ?"
+    if status in _OPEN:
+        return (
+            f"{columns} INDEXED BY itemjournal_records_open WHERE {_OPEN_CONDITION} "
+            f"AND status = '{status}' AND digest > ? ORDER BY digest LIMIT ?"
+        )
+    if status in _STATUSES:
+        return f"{columns} WHERE status = '{status}' AND digest > ? ORDER BY digest LIMIT ?"
+    return None
 
 
 class _Operation(Generic[T]):
@@ -343,19 +366,11 @@ class SQLiteStore:
     def _page_sync(
         self, after: str, size: int, status: str | None
     ) -> list[tuple[str, Record | RecordInvalid]]:
-        # With a status, the status index (which also holds the digest) serves the query.
-        where = "digest > ?" if status is None else "status = ? AND digest > ?"
-        params = (after, size) if status is None else (status, after, size)
+        query = _page_query(status)
+        if query is None:
+            return []
         try:
-            rows = (
-                self._reader()
-                .execute(
-                    "SELECT digest, status, document FROM itemjournal_records "
-                    f"WHERE {where} ORDER BY digest LIMIT ?",
-                    params,
-                )
-                .fetchall()
-            )
+            rows = self._reader().execute(query, (after, size)).fetchall()
         except sqlite3.Error as error:
             raise _fail(f"cannot read {self.location}", error) from error
         page: list[tuple[str, Record | RecordInvalid]] = []

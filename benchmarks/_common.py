@@ -1,0 +1,212 @@
+"""Helpers shared by the benchmark scripts in this directory.
+
+The scripts run as ``python benchmarks/bench_X.py``, which puts this directory on
+``sys.path``, so they import this module as ``_common``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import anyio.to_thread
+
+from itemjournal import Claim, Journal
+
+REPO = Path(__file__).resolve().parent.parent
+
+CycleFunction = Callable[[int], Awaitable[None]]
+"""One begin + complete cycle; the argument numbers the cycle (0, 1, ...)."""
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------- running cycles
+
+
+async def drive_cycles(cycle: CycleFunction, cycles: int, concurrency: int) -> float:
+    """Run ``cycles`` cycles on ``concurrency`` tasks sharing one counter; the seconds taken."""
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < cycles:
+            index = next_index
+            next_index += 1
+            await cycle(index)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(concurrency):
+            group.start_soon(worker)
+    return time.perf_counter() - started
+
+
+def journal_cycle(journal: Journal, kind: str, definition: str) -> CycleFunction:
+    """A cycle that begins (requiring a fresh claim) and completes a new identity each time."""
+
+    async def cycle(index: int) -> None:
+        identity = ("bench", kind, "cycle", f"i{index}")
+        claim = await journal.begin(identity, {"n": str(index)}, definition)
+        if not isinstance(claim, Claim):
+            raise TypeError(f"expected a fresh claim for {identity}, got {claim!r}")
+        await journal.complete(claim, f"receipt-{index}")
+
+    return cycle
+
+
+@asynccontextmanager
+async def run_directory(base: str, prefix: str) -> AsyncIterator[str]:
+    """A fresh directory under ``base`` for one run, removed (in a worker thread) after it."""
+    root = tempfile.mkdtemp(prefix=prefix, dir=base)
+    try:
+        yield root
+    finally:
+        await anyio.to_thread.run_sync(shutil.rmtree, root)
+
+
+# ---------------------------------------------------------------------- report
+
+
+def median(values: list[float]) -> float:
+    """The median of the values that are not NaN; NaN when there are none."""
+    finite = [value for value in values if not math.isnan(value)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def verdict(ok: bool) -> str:
+    """``PASS`` or ``MISS``."""
+    return "PASS" if ok else "MISS"
+
+
+def by_round(values: Iterable[float]) -> str:
+    """Per-round values for a table cell: two decimals, separated by spaces."""
+    return " ".join(f"{value:.2f}" for value in values)
+
+
+def _numeric(cell: str) -> bool:
+    """Whether a cell is a number (or ``-``), and so right-aligned."""
+    try:
+        float(cell)
+    except ValueError:
+        return cell == "-"
+    return True
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: a header line, a rule, the rows; numbers right-aligned."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.rjust(width) if _numeric(cell) else cell.ljust(width)
+            for cell, width in zip(cells, widths, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("-" * width for width in widths)
+    return "\n".join([line(headers), rule, *(line(row) for row in rows)])
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` that accepts whole numbers from ``minimum`` up."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+positive = at_least(1)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--dir`` and ``--strict``, the flags every benchmark ends with."""
+    parser.add_argument(
+        "--dir", default=None, help="parent of the scratch directory (default: system temp)"
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a goal is missed"
+    )
+
+
+def package_version(name: str) -> str:
+    """The installed version of a distribution, or ``not installed``."""
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+# ---------------------------------------------------------------------- the whole run
+
+
+def pick_base(requested: str | None) -> str:
+    """A scratch directory on the repository's filesystem (the system temp dir if it is)."""
+    if requested is not None:
+        parent = requested
+    else:
+        parent = tempfile.gettempdir()
+        if os.stat(parent).st_dev != os.stat(REPO).st_dev:
+            parent = str(REPO / "benchmarks")
+    return tempfile.mkdtemp(prefix="itemjournal-bench-", dir=parent)
+
+
+def environment_line(base: str, versions: Mapping[str, str]) -> str:
+    """Python, the given ``name: version`` pairs, the CPUs, and where the scratch dir is."""
+    same_fs = os.stat(base).st_dev == os.stat(REPO).st_dev
+    parts = [f"python {platform.python_version()}"]
+    parts += [f"{name} {number}" for name, number in versions.items()]
+    parts.append(f"{os.cpu_count()} CPUs")
+    return (
+        f"{', '.join(parts)}; scratch {base} "
+        f"({'same' if same_fs else 'NOT the same'} filesystem as the repository)"
+    )
+
+
+def run_benchmark(
+    requested_dir: str | None,
+    versions: Mapping[str, str],
+    measure: Callable[[str], T],
+    report: Callable[[T], bool],
+    *,
+    strict: bool,
+) -> int:
+    """Measure in a scratch directory (deleted afterwards), then print the report.
+
+    The environment line goes to stderr before the runs and to stdout before the
+    report; the total time comes last. ``measure`` gets the scratch directory;
+    ``report`` prints the results and says whether every goal was met. Returns the
+    exit status: 1 when ``strict`` and a goal was missed, else 0.
+    """
+    base = pick_base(requested_dir)
+    environment = environment_line(base, versions)
+    print(environment, file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    try:
+        results = measure(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(file=sys.stderr)
+    print(environment)
+    all_pass = report(results)
+    print(f"\ntotal {time.perf_counter() - started:.1f} s")
+    return 1 if strict and not all_pass else 0
