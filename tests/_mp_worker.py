@@ -68,7 +68,7 @@ async def transition(root: str, seed: int, mode: str, path: str) -> None:
     print("ready", flush=True)
     await anyio.to_thread.run_sync(sys.stdin.readline)
     results: dict[str, str] = {}
-    limiter = anyio.Semaphore(8)
+    limiter = anyio.Semaphore(1)  # one at a time: a batch must not outrun the rival's start
 
     async def one(claim: Claim) -> None:
         async with limiter:

@@ -7,16 +7,19 @@ record leaves nothing to undo and never costs the other operations of the batch.
 caller is answered only after the commit returned. A lone operation runs at once: there
 is no timer waiting for company.
 
-Across processes, SQLite's own write lock (``BEGIN IMMEDIATE`` with a busy timeout)
-keeps read-decide-write atomic, so claims stay exclusive and no transition is lost.
+Across processes, SQLite's own write lock (``BEGIN IMMEDIATE``, retried with short
+jittered sleeps while another process holds it) keeps read-decide-write atomic, so
+claims stay exclusive and no transition is lost.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, Final, Generic, TypeVar
 
@@ -142,15 +145,16 @@ class SQLiteStore:
     async def open(self) -> None:
         await run_in_thread(self._open_sync)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, busy_timeout: float | None = None) -> sqlite3.Connection:
+        timeout = self.busy_timeout if busy_timeout is None else busy_timeout
         connection = sqlite3.connect(
             self.path,
-            timeout=self.busy_timeout,
+            timeout=timeout,
             isolation_level=None,  # we issue BEGIN/COMMIT ourselves
             check_same_thread=False,
         )
         try:
-            connection.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             connection.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error:
             connection.close()
@@ -175,6 +179,8 @@ class SQLiteStore:
             if str(mode).lower() != "wal":
                 raise StorageFailed(f"{self.path}: cannot switch to WAL mode (got {mode})")
             self._migrate(connection)
+            # From now on the writer waits for the write lock in _begin_immediate.
+            connection.execute("PRAGMA busy_timeout = 0")
         except sqlite3.Error as error:
             connection.close()
             raise _fail(f"{self.path} is not a usable SQLite database", error) from error
@@ -391,7 +397,7 @@ class SQLiteStore:
                 operation.error = error
             return
         try:
-            connection.execute("BEGIN IMMEDIATE")
+            self._begin_immediate(connection)
         except sqlite3.Error as error:
             failure = _fail(f"cannot start a write transaction on {self.path}", error)
             failure.__cause__ = error
@@ -418,6 +424,26 @@ class SQLiteStore:
                 if operation in writes or (operation.answer is _UNSET and operation.error is None):
                     operation.answer = _UNSET
                     operation.error = failure
+
+    def _begin_immediate(self, connection: sqlite3.Connection) -> None:
+        """Take SQLite's write lock, retrying briefly while another process holds it.
+
+        SQLite's own busy handler sleeps ever longer (up to 100 ms a try), so a process
+        that keeps committing can starve one that waits; short, jittered sleeps keep the
+        waiting fair. Gives up (``SQLITE_BUSY``) after ``busy_timeout`` seconds.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        delay = 0.0002
+        while True:
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.002)
+            else:
+                return
 
     def _run_one(self, connection: sqlite3.Connection, operation: _Operation[Any]) -> bool:
         """Read, decide, write one operation inside the batch; True when it wrote.
