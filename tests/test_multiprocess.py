@@ -103,9 +103,11 @@ async def test_contested_transitions_lose_no_update(
             assert view.review_reason == "contested"
         assert next(e.event for e in view.history) == "begin"
         assert len(view.history) == 2
+    # Which process wins how many is up to the scheduler (and SQLite's write lock is not
+    # fair); what must hold, and is checked above for every record, is that exactly one
+    # of the two calls won and the record shows exactly that call's outcome.
     print(f"\n1000 contested transitions: {dict(outcomes)}")
-    assert outcomes[("ok", "NOT_STARTED")] > 0
-    assert outcomes[("NOT_STARTED", "ok")] > 0
+    assert sum(outcomes.values()) == 500
 
 
 def lock_is_free(path: Path) -> bool:
