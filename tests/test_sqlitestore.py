@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -437,3 +438,86 @@ async def test_a_status_scan_uses_the_open_records_index(db: Path) -> None:
             assert query is not None
             plan = str(connection.execute(f"EXPLAIN QUERY PLAN {query}", ("", 10)).fetchall())
             assert ("itemjournal_records_open" in plan) is index, plan
+
+
+# ---------------------------------------------------------------------- lifecycle, locks
+
+
+async def test_closing_while_calls_are_under_way(db: Path) -> None:
+    store, journal = await open_journal(db)
+    outcomes: list[str] = []
+
+    async def call(n: int) -> None:
+        try:
+            if n % 2:
+                await journal.inspect(item(n))
+            else:
+                await journal.begin(item(n), INPUTS, DEFINITION)
+        except StorageFailed:
+            outcomes.append("refused")
+        else:
+            outcomes.append("done")
+
+    async with anyio.create_task_group() as tg:
+        for n in range(100):
+            tg.start_soon(call, n)
+        while not (store._leading or store._reading):  # noqa: ASYNC110 - threads change it
+            await anyio.sleep(0)
+        await journal.aclose()  # waits for what is under way; later calls are refused
+    assert len(outcomes) == 100
+    assert "done" in outcomes
+    with pytest.raises(StorageFailed, match="closed"):
+        await journal.inspect(item(0))
+
+
+async def test_reader_connections_are_pooled(db: Path) -> None:
+    store, journal = await open_journal(db)
+    for _ in range(3):
+        async with anyio.create_task_group() as tg:
+            for n in range(64):
+                tg.start_soon(journal.inspect, item(n))
+    assert store._reading == 0
+    assert len(store._idle_readers) <= 40  # at most one per worker thread ever in use
+
+
+async def test_waiting_for_another_process_write_lock_is_cancellable(db: Path) -> None:
+    store = SQLiteStore(str(db), busy_timeout=0.3)
+    await store.open()
+    journal = Journal(store)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's writer, holding the lock
+    try:
+        with anyio.move_on_after(0.05) as scope:
+            await journal.begin(item(1), INPUTS, DEFINITION)
+        assert scope.cancelled_caught
+        with pytest.raises(StorageFailed) as caught:
+            await journal.begin(item(2), INPUTS, DEFINITION)
+        assert caught.value.errno == errno.ETIMEDOUT
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert (await journal.inspect(item(1))).status == "absent"
+    assert isinstance(await journal.begin(item(1), INPUTS, DEFINITION), Claim)
+    await journal.aclose()
+
+
+async def test_every_caller_of_a_failed_batch_gets_its_own_error(db: Path) -> None:
+    _, journal = await open_journal(db)
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON itemjournal_records "
+            "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
+    errors: list[BaseException] = []
+
+    async def begin(n: int) -> None:
+        try:
+            await journal.begin(item(n), INPUTS, DEFINITION)
+        except StorageFailed as error:
+            errors.append(error)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(8):
+            tg.start_soon(begin, n)
+    assert len(errors) == 8
+    assert len({id(error) for error in errors}) == 8

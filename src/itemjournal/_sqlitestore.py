@@ -7,20 +7,22 @@ record leaves nothing to undo and never costs the other operations of the batch.
 caller is answered only after the commit returned. A lone operation runs at once: there
 is no timer waiting for company.
 
-Across processes, SQLite's own write lock (``BEGIN IMMEDIATE``, retried with short
-jittered sleeps while another process holds it) keeps read-decide-write atomic, so
-claims stay exclusive and no transition is lost.
+Across processes, SQLite's own write lock (``BEGIN IMMEDIATE``) keeps read-decide-write
+atomic, so claims stay exclusive and no transition is lost. While another process holds
+that lock, the leader sleeps on the event loop (short, jittered, cancellable sleeps)
+before it tries again; SQLite's own busy handler, whose sleeps lengthen to 100 ms, would
+let a busy process starve a waiting one and could not be cancelled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import sqlite3
 import threading
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, Final, Generic, TypeVar
 
 import anyio
@@ -130,8 +132,10 @@ class SQLiteStore:
         self.busy_timeout = busy_timeout
         self.commits = 0  # committed write transactions, for tests and benchmarks
         self._writer: sqlite3.Connection | None = None
-        self._readers: list[sqlite3.Connection] = []
-        self._local = threading.local()
+        # Reader connections: a pool that worker trips check out and back in, so that
+        # closing never pulls a connection from under a running read.
+        self._idle_readers: list[sqlite3.Connection] = []
+        self._reading = 0
         self._readers_lock = threading.Lock()
         self._queue: list[_Operation[Any]] = []
         self._leading = False
@@ -179,7 +183,7 @@ class SQLiteStore:
             if str(mode).lower() != "wal":
                 raise StorageFailed(f"{self.path}: cannot switch to WAL mode (got {mode})")
             self._migrate(connection)
-            # From now on the writer waits for the write lock in _begin_immediate.
+            # From now on the writer never waits inside SQLite: see _lead.
             connection.execute("PRAGMA busy_timeout = 0")
         except sqlite3.Error as error:
             connection.close()
@@ -226,18 +230,22 @@ class SQLiteStore:
             raise
 
     async def aclose(self) -> None:
+        """Refuse new calls, let the calls under way finish, then close the connections."""
         if self._closed:
             await anyio.lowlevel.checkpoint()
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
+            # Reads end in worker threads, which cannot set an event: poll.
+            while self._leading or self._queue or self._reading:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
             await run_in_thread(self._close_sync)
 
     def _close_sync(self) -> None:
         with self._readers_lock:
-            connections = [*self._readers, *([self._writer] if self._writer else [])]
-            self._readers.clear()
-        self._writer = None
+            connections = [*self._idle_readers, *([self._writer] if self._writer else [])]
+            self._idle_readers.clear()
+            self._writer = None
         for connection in connections:
             connection.close()
 
@@ -256,15 +264,27 @@ class SQLiteStore:
             await self._wait(operation)
             if operation.state == _DONE:
                 return operation.result()
-        # This operation leads: run batches until its own is done, then hand over.
+        await self._lead(operation)
+        return operation.result()
+
+    async def _lead(self, operation: _Operation[Any]) -> None:
+        """Run batches until the leader's own operation is done, then hand over.
+
+        While another process holds SQLite's write lock, the batch goes back to the
+        queue and the leader sleeps on the event loop (cancellable) before it tries
+        again, for at most ``busy_timeout`` seconds.
+        """
+        deadline = anyio.current_time() + self.busy_timeout
+        delay = 0.0002
         try:
             while operation.state != _DONE:
                 batch, self._queue = self._queue, []
                 for member in batch:
                     member.state = _TAKEN
                 began: list[bool] = []
+                busy = False
                 try:
-                    await run_in_thread(self._run_batch, batch, began)
+                    busy = await run_in_thread(self._run_batch, batch, began)
                 finally:
                     if began:
                         for member in batch:
@@ -272,14 +292,34 @@ class SQLiteStore:
                                 member.error = StorageFailed("the batch holding this call failed")
                             member.state = _DONE
                             member.wake()
-                    else:  # cancelled before the batch began: nothing ran, give it back
-                        others = [member for member in batch if member is not operation]
-                        for member in others:
-                            member.state = _PENDING
-                        self._queue[:0] = others
+                    elif not busy:  # cancelled before the batch began: give the rest back
+                        self._give_back([m for m in batch if m is not operation])
+                if not busy:
+                    continue
+                if anyio.current_time() >= deadline:
+                    for member in batch:
+                        member.error = StorageFailed(
+                            f"another process held the write lock of {self.path} for "
+                            f"{self.busy_timeout:g} s",
+                            errno=errno.ETIMEDOUT,
+                        )
+                        member.state = _DONE
+                        member.wake()
+                    continue
+                self._give_back(batch)
+                try:
+                    await anyio.sleep(delay * (0.5 + random.random()))
+                except anyio.get_cancelled_exc_class():
+                    self._queue.remove(operation)
+                    raise
+                delay = min(delay * 2, 0.005)
         finally:
             self._hand_over()
-        return operation.result()
+
+    def _give_back(self, members: list[_Operation[Any]]) -> None:
+        for member in members:
+            member.state = _PENDING
+        self._queue[:0] = members
 
     async def _wait(self, operation: _Operation[Any]) -> None:
         """Wait until the operation was done by a batch, or was made the leader.
@@ -328,16 +368,23 @@ class SQLiteStore:
 
     # ------------------------------------------------------------------ worker-thread code
 
-    def _reader(self) -> sqlite3.Connection:
-        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
-        if connection is None:
+    @contextlib.contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A reader connection for this worker trip, from the pool and back into it."""
+        with self._readers_lock:
             if self._closed:
                 raise StorageFailed(f"{self!r} is closed")
-            connection = self._connect()
-            self._local.connection = connection
+            connection = self._idle_readers.pop() if self._idle_readers else None
+            self._reading += 1
+        try:
+            if connection is None:
+                connection = self._connect()
+            yield connection
+        finally:
             with self._readers_lock:
-                self._readers.append(connection)
-        return connection
+                self._reading -= 1
+                if connection is not None:
+                    self._idle_readers.append(connection)
 
     def _decode(self, digest: str, status: object, document: object) -> Record:
         location = f"{self.location}#{digest}"
@@ -355,13 +402,10 @@ class SQLiteStore:
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         digest = identity_digest(identity)
         try:
-            row = (
-                self._reader()
-                .execute(
+            with self._reader() as reader:
+                row = reader.execute(
                     "SELECT status, document FROM itemjournal_records WHERE digest = ?", (digest,)
-                )
-                .fetchone()
-            )
+                ).fetchone()
         except sqlite3.Error as error:
             raise _fail(f"cannot read {self.location}", error) from error
         record = None if row is None else self._decode(digest, row[0], row[1])
@@ -376,7 +420,8 @@ class SQLiteStore:
         if query is None:
             return []
         try:
-            rows = self._reader().execute(query, (after, size)).fetchall()
+            with self._reader() as reader:
+                rows = reader.execute(query, (after, size)).fetchall()
         except sqlite3.Error as error:
             raise _fail(f"cannot read {self.location}", error) from error
         page: list[tuple[str, Record | RecordInvalid]] = []
@@ -387,23 +432,27 @@ class SQLiteStore:
                 page.append((digest, error))
         return page
 
-    def _run_batch(self, batch: list[_Operation[Any]], began: list[bool]) -> None:
-        """One transaction, one commit, for every operation of the batch."""
-        began.append(True)
+    def _run_batch(self, batch: list[_Operation[Any]], began: list[bool]) -> bool:
+        """One transaction, one commit, for every operation of the batch.
+
+        Returns True, having done nothing, when another process holds the write lock.
+        """
         connection = self._writer
         if connection is None:
-            error = StorageFailed(f"{self!r} is closed")
             for operation in batch:
-                operation.error = error
-            return
+                operation.error = StorageFailed(f"{self!r} is closed")
+            began.append(True)
+            return False
         try:
-            self._begin_immediate(connection)
+            connection.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as error:
-            failure = _fail(f"cannot start a write transaction on {self.path}", error)
-            failure.__cause__ = error
-            for operation in batch:
-                operation.error = failure
-            return
+            code = getattr(error, "sqlite_errorcode", 0)
+            if isinstance(error, sqlite3.OperationalError) and code & 0xFF == sqlite3.SQLITE_BUSY:
+                return True
+            self._fail_each(batch, f"cannot start a write transaction on {self.path}", error)
+            began.append(True)
+            return False
+        began.append(True)
         writes: list[_Operation[Any]] = []
         try:
             for operation in batch:
@@ -416,34 +465,25 @@ class SQLiteStore:
             if connection.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
-            failure = _fail(f"cannot commit to {self.path}; nothing was written", error)
-            failure.__cause__ = error
             # Writes are lost with the transaction; so is any operation not yet run.
             # Refusals and reads decided before the failure stay as they were.
-            for operation in batch:
-                if operation in writes or (operation.answer is _UNSET and operation.error is None):
-                    operation.answer = _UNSET
-                    operation.error = failure
+            lost = [
+                operation
+                for operation in batch
+                if operation in writes or (operation.answer is _UNSET and operation.error is None)
+            ]
+            for operation in lost:
+                operation.answer = _UNSET
+            self._fail_each(lost, f"cannot commit to {self.path}; nothing was written", error)
+        return False
 
-    def _begin_immediate(self, connection: sqlite3.Connection) -> None:
-        """Take SQLite's write lock, retrying briefly while another process holds it.
-
-        SQLite's own busy handler sleeps ever longer (up to 100 ms a try), so a process
-        that keeps committing can starve one that waits; short, jittered sleeps keep the
-        waiting fair. Gives up (``SQLITE_BUSY``) after ``busy_timeout`` seconds.
-        """
-        deadline = time.monotonic() + self.busy_timeout
-        delay = 0.0002
-        while True:
-            try:
-                connection.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as error:
-                if error.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
-                    raise
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.002)
-            else:
-                return
+    @staticmethod
+    def _fail_each(batch: list[_Operation[Any]], message: str, cause: sqlite3.Error) -> None:
+        """Give every caller its own error (their tracebacks and notes must not mix)."""
+        for operation in batch:
+            failure = _fail(message, cause)
+            failure.__cause__ = cause
+            operation.error = failure
 
     def _run_one(self, connection: sqlite3.Connection, operation: _Operation[Any]) -> bool:
         """Read, decide, write one operation inside the batch; True when it wrote.
