@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 from _builders import started_record
 
@@ -461,8 +462,8 @@ async def test_closing_while_calls_are_under_way(db: Path) -> None:
     async with anyio.create_task_group() as tg:
         for n in range(100):
             tg.start_soon(call, n)
-        while not (store._leading or store._reading):  # noqa: ASYNC110 - threads change it
-            await anyio.sleep(0)
+        while not (store._leading or store._reading):
+            await anyio.lowlevel.checkpoint()
         await journal.aclose()  # waits for what is under way; later calls are refused
     assert len(outcomes) == 100
     assert "done" in outcomes
