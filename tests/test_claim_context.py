@@ -54,7 +54,8 @@ async def test_happy_path_then_reuse(journal: Journal) -> None:
     async with journal.claim(list(identity), dict(INPUTS), DEFINITION) as again:
         body_ran = True
         assert again.reused is True
-        assert again.claim is None
+        with pytest.raises(InvalidArgument):
+            again.claim  # noqa: B018
         assert again.receipt == "r1"
     assert body_ran
     after = await journal.inspect(identity)
@@ -223,6 +224,18 @@ async def test_a_claim_context_enters_only_once(journal: Journal) -> None:
     context = journal.claim(ident("once"), INPUTS, DEFINITION)
     async with context as attempt:
         await attempt.complete("r1")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(InvalidArgument) as caught:
         async with context:
             pass
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+async def test_a_block_whose_record_someone_else_moved_is_still_unresolved(
+    journal: Journal,
+) -> None:
+    identity = ident("moved")
+    with pytest.raises(UnresolvedClaim) as caught:
+        async with journal.claim(identity, INPUTS, DEFINITION):
+            await journal.mark_review(identity, "an operator looked first")
+    assert caught.value.view is not None
+    assert caught.value.view.review_reason == "an operator looked first"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import pickle
 
 import pytest
@@ -29,7 +30,7 @@ def test_codes_and_bases() -> None:
     assert isinstance(storage, OSError)
     assert storage.code == "STORAGE_FAILED"
     assert storage.errno == errno.ENOSPC
-    assert storage.strerror == "ENOSPC"
+    assert storage.strerror == os.strerror(errno.ENOSPC)
     assert not isinstance(storage, ValueError)
 
 

@@ -459,3 +459,24 @@ async def test_claim_block_whose_review_mark_fails(root: Path) -> None:
         async with journal.claim(("shop", "billing", "charge", "order-9"), INPUTS, V1):
             store.broken = True
     store.broken = False
+
+
+@pytest.mark.parametrize(
+    ("location", "code"),
+    [
+        ("/tmp/with\0nul", "ABSOLUTE_ROOT_REQUIRED"),
+        ("sqlite:///tmp/with\0nul.db", "ABSOLUTE_ROOT_REQUIRED"),
+        ("postgresql://localhost/test", "INVALID_ARGUMENT"),
+    ],
+)
+async def test_locations_that_cannot_be_opened(location: str, code: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        await Journal.open(location)
+    assert caught.value.code == code
+
+
+async def test_path_for_takes_any_identity_shape(root: Path) -> None:
+    store = FileStore(str(root))
+    assert store.path_for(list(ITEM)) == store.path_for(Identity(*ITEM))
+    with pytest.raises(InvalidArgument):
+        store.path_for(("a", "b", "c"))

@@ -108,3 +108,54 @@ async def test_native_cancel_before_the_trip_starts_writes_nothing(root: Path) -
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (await journal.inspect(identity)).status == "absent"
+
+
+async def cancel_repeatedly(task: asyncio.Future[object], times: int = 10) -> None:
+    """Cancel ``task`` on each of ``times`` successive loop ticks (a timeout, then a task
+    group's abort, then a shutdown...). A task cancelled on *every* tick forever cannot
+    run any cleanup at all; a finite burst must not stop the journal's."""
+    for _ in range(times):
+        if task.done():
+            return
+        task.cancel()
+        await asyncio.sleep(0)
+
+
+async def test_repeated_cancels_still_mark_the_claim_block_for_review(root: Path) -> None:
+    journal = await Journal.open(str(root))
+    identity = ("native", "storm", "block", "x")
+    entered = asyncio.Event()
+
+    async def worker() -> None:
+        async with journal.claim(identity, INPUTS, DEFINITION):
+            entered.set()
+            await asyncio.sleep(3600)
+
+    task = asyncio.ensure_future(worker())
+    await entered.wait()
+    await cancel_repeatedly(task)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    view = await journal.inspect(identity)
+    assert view.status == "needs_review"
+    assert view.review_reason == "block raised CancelledError"
+
+
+async def test_repeated_cancels_still_take_back_an_undelivered_claim(root: Path) -> None:
+    journal, fs = await gated_journal(root)
+    identity = ("native", "storm", "begin", "x")
+    fs.armed = True
+    task = asyncio.ensure_future(journal.begin(identity, INPUTS, DEFINITION))
+    while not fs.entered.is_set():  # noqa: ASYNC110 - a thread sets it
+        await asyncio.sleep(0.001)
+    fs.armed = False
+    await cancel_repeatedly(task)
+    fs.proceed.set()  # the write ends; the take-back runs while cancels keep coming
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 0.1
+    while not task.done() and loop.time() < until:
+        task.cancel()
+        await asyncio.sleep(0.0002)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await journal.inspect(identity)).status == "absent"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import errno as _errno
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ class StorageFailed(JournalError, OSError):
     def __init__(self, message: str, *, errno: int | None = None) -> None:
         JournalError.__init__(self, message)
         self.errno = errno
-        self.strerror = _errno.errorcode.get(errno, None) if errno is not None else None
+        self.strerror = os.strerror(errno) if errno is not None else None
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

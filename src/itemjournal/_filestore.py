@@ -3,7 +3,8 @@
 Layout: ``root/<first two hex of digest>/<digest>.json``. Beside the records of a
 fan-out directory lives ``.lock``, a lock file that is never deleted; a lock on one
 byte of it per record serialises read-decide-write sequences across processes. Temp files are named
-``.<pid>-<process start>-<random>.tmp`` so a sweep can tell whether their writer lives.
+``.<pid>-<writer>-<random>.tmp``, ``<writer>`` naming the writing process exactly (boot,
+pid namespace, start ticks; see ``_writer_token``), so a sweep can tell whether it lives.
 
 Every operation's disk work (lock, read, decide, write, sync) is one function run in
 one worker thread.
@@ -19,16 +20,18 @@ import secrets
 import stat
 import struct
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import anyio
 
+from ._dirs import make_dirs
 from ._errors import RecordInvalid, StorageFailed
 from ._fileio import FileSystem
-from ._identity import Identity, identity_digest
-from ._owner import process_start
+from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
+from ._owner import local_process_space, own_process, process_alive
 from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import run_in_thread
@@ -93,9 +96,38 @@ def try_lock_record(fd: int, digest: str) -> bool:
     return True
 
 
-def _start_token(pid: int) -> str:
-    start = process_start(pid)
-    return re.sub(r"\D", "", start) if start else ""
+_BOOT_DIGITS: Final = 39  # 2**128-1, the largest boot id as a number, has 39 digits
+_NAMESPACE_DIGITS: Final = 20  # 2**64-1, the largest inode, has 20
+_TICKS = re.compile(r"0|[1-9][0-9]{0,19}")
+
+
+def _writer_token() -> str:
+    """This process in digits, for temp names; '' when ``/proc`` cannot name it.
+
+    The boot id as a 39-digit number, the pid-namespace inode as a 20-digit number, then
+    the start ticks: digits only, so old names stay parseable, and no wall-clock time, so
+    stepping the clock cannot make a live writer look gone.
+    """
+    key = own_process()
+    if key is None:
+        return ""
+    boot, namespace, ticks = key
+    return f"{uuid.UUID(boot).int:0{_BOOT_DIGITS}d}{namespace:0{_NAMESPACE_DIGITS}d}{ticks}"
+
+
+def _parse_writer_token(token: str) -> tuple[int, int, int] | None:
+    """(boot id as a number, pid-namespace inode, start ticks), or None if not a token."""
+    head = _BOOT_DIGITS + _NAMESPACE_DIGITS
+    if not token.isascii() or not token.isdigit() or _TICKS.fullmatch(token[head:]) is None:
+        return None
+    boot, namespace, ticks = (
+        int(token[:_BOOT_DIGITS]),
+        int(token[_BOOT_DIGITS:head]),
+        int(token[head:]),
+    )
+    if boot >= 2**128 or not 0 < namespace < 2**64 or ticks >= 2**64:
+        return None
+    return boot, namespace, ticks
 
 
 class FileStore:
@@ -123,16 +155,16 @@ class FileStore:
         self.lock_timeout = lock_timeout
         self.temp_grace = temp_grace
         self._known_dirs: set[str] = set()
-        self._temp_prefix: tuple[int, str] | None = None
+        self._temp_prefix: tuple[int, str] | None = None  # (pid, prefix with a known token)
 
     def __repr__(self) -> str:
         return f"FileStore({self.location!r})"
 
     # ------------------------------------------------------------------ paths
 
-    def path_for(self, identity: Identity) -> Path:
+    def path_for(self, identity: IdentityLike) -> Path:
         """Where the record of ``identity`` lives (derived from its digest only)."""
-        digest = identity_digest(identity)
+        digest = identity_digest(coerce_identity(identity))
         return self.root / digest[:2] / f"{digest}.json"
 
     # ------------------------------------------------------------------ lifecycle
@@ -142,8 +174,8 @@ class FileStore:
         await run_in_thread(self._open_sync)
 
     def _open_sync(self) -> None:
-        try:  # fails with EEXIST when something other than a directory is there
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+        try:  # fails with ENOTDIR when something other than a directory is in the way
+            make_dirs(self.location, self.fs)
         except OSError as error:
             raise _fail(f"cannot create the journal directory {self.location}", error) from error
         self.sweep_temps_sync()
@@ -155,7 +187,7 @@ class FileStore:
         """Remove temp files whose writer is gone and that are older than the grace period.
 
         A temp file is only ever used for the few milliseconds of one save; its name
-        carries its writer's pid and start time, so a live writer's file is never taken.
+        carries its writer's pid and exact identity, so a live writer's file is never taken.
         """
         now = time.time() if now is None else now
         removed: list[str] = []
@@ -187,9 +219,20 @@ class FileStore:
 
     @staticmethod
     def _writer_lives(pid: int, token: str) -> bool:
-        if token:
-            return _start_token(pid) == token
-        return process_start(pid) is not None  # no start time was known: trust the pid
+        """False only when the temp's writer is surely gone; when in doubt, it lives."""
+        if not token:  # the writer could not name itself: trust the pid
+            return process_alive(pid, None) is not False
+        parsed = _parse_writer_token(token)
+        if parsed is None:  # no writer of this version names itself so
+            return False
+        boot, namespace, ticks = parsed
+        space = local_process_space()
+        if space is None:  # cannot tell which boot or namespace this is
+            return True
+        if boot != uuid.UUID(space[0]).int:  # an earlier boot: none of its processes lives
+            return False
+        # In another pid namespace the answer is None (unknown): keep the file.
+        return process_alive(pid, (space[0], namespace, ticks)) is not False
 
     # ------------------------------------------------------------------ the seam
 
@@ -379,9 +422,14 @@ class FileStore:
 
     def _temp_name(self, directory: str) -> str:
         pid = os.getpid()
-        if self._temp_prefix is None or self._temp_prefix[0] != pid:
-            self._temp_prefix = (pid, f".{pid}-{_start_token(pid)}-")
-        return os.path.join(directory, f"{self._temp_prefix[1]}{secrets.token_hex(16)}.tmp")
+        if self._temp_prefix is not None and self._temp_prefix[0] == pid:
+            prefix = self._temp_prefix[1]
+        else:
+            token = _writer_token()
+            prefix = f".{pid}-{token}-"
+            if token:  # an unknown token is asked again next time, not kept for good
+                self._temp_prefix = (pid, prefix)
+        return os.path.join(directory, f"{prefix}{secrets.token_hex(16)}.tmp")
 
     def _write_temp(self, directory: str, data: bytes) -> str:
         """A new temp file holding all of ``data``, synced and closed; removed on any failure."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TypeVar
 
@@ -95,7 +96,17 @@ class Journal:
                 code="ABSOLUTE_ROOT_REQUIRED",
             )
         text = os.fspath(location)
+        if "\0" in text:
+            raise InvalidArgument(
+                "the location holds a NUL character", code="ABSOLUTE_ROOT_REQUIRED"
+            )
         store: FileStore | SQLiteStore
+        if text.startswith(("postgresql:", "postgres:")):
+            raise InvalidArgument(
+                "the PostgreSQL store is not part of this version of itemjournal; "
+                "use an absolute directory or sqlite:///absolute/path.db",
+                code="INVALID_ARGUMENT",
+            )
         if text.startswith("sqlite:"):
             if not text.startswith("sqlite://"):
                 raise InvalidArgument(
@@ -162,14 +173,13 @@ class Journal:
                 return await self._store.apply(identity, step)
             except anyio.get_cancelled_exc_class() as cancelled:
                 if undo is not None:
-                    with anyio.CancelScope(shield=True):
-                        try:
-                            await self._store.apply(identity, undo)
-                        except JournalError as error:
-                            cancelled.add_note(
-                                f"itemjournal could not take back the claim on "
-                                f"{list(identity)} that the cancelled begin() wrote: {error}"
-                            )
+                    try:
+                        await _to_the_end(functools.partial(self._store.apply, identity, undo))
+                    except JournalError as error:
+                        cancelled.add_note(
+                            f"itemjournal could not take back the claim on "
+                            f"{list(identity)} that the cancelled begin() wrote: {error}"
+                        )
                 raise
         finally:
             self._release(identity, mine)
@@ -367,7 +377,7 @@ class Attempt:
 
     def __init__(self, journal: Journal, outcome: Claim | Reuse) -> None:
         self._journal = journal
-        self.claim: Claim | None = outcome if isinstance(outcome, Claim) else None
+        self._claim: Claim | None = outcome if isinstance(outcome, Claim) else None
         self.receipt: str | None = outcome.receipt if isinstance(outcome, Reuse) else None
         self.settled = isinstance(outcome, Reuse)
         self.view: RecordView | None = None
@@ -375,14 +385,19 @@ class Attempt:
     @property
     def reused(self) -> bool:
         """True when the item already succeeded and ``receipt`` holds its receipt."""
-        return self.claim is None
+        return self._claim is None
+
+    @property
+    def claim(self) -> Claim:
+        """The claim granted by this attempt (``INVALID_CLAIM`` when it reused a receipt)."""
+        return self._own_claim("claim")
 
     def _own_claim(self, what: str) -> Claim:
-        if self.claim is None:
+        if self._claim is None:
             raise InvalidArgument(
                 f"nothing to {what}: this attempt reused a receipt", code="INVALID_CLAIM"
             )
-        return self.claim
+        return self._claim
 
     async def complete(self, receipt: str) -> RecordView:
         claim = self._own_claim("complete")
@@ -413,10 +428,14 @@ class ClaimContext:
         self._journal = journal
         self._args = (identity, inputs, definition)
         self._attempt: Attempt | None = None
+        self._entered = False
 
     async def __aenter__(self) -> Attempt:
-        if self._attempt is not None:
-            raise RuntimeError("a claim context can be entered only once")
+        if self._entered:
+            raise InvalidArgument(
+                "a claim context can be entered only once", code="INVALID_ARGUMENT"
+            )
+        self._entered = True
         outcome = await self._journal.begin(*self._args)
         self._attempt = Attempt(self._journal, outcome)
         return self._attempt
@@ -428,7 +447,7 @@ class ClaimContext:
         traceback: TracebackType | None,
     ) -> bool:
         attempt = self._attempt
-        if attempt is None or attempt.settled or attempt.claim is None:
+        if attempt is None or attempt.settled or attempt.reused:
             return False
         claim = attempt.claim
         reason = (
@@ -436,26 +455,53 @@ class ClaimContext:
             if exc is None
             else (f"block raised {type(exc).__name__}")
         )
-        with anyio.CancelScope(shield=True):
-            try:
-                view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
-            except ConflictError:
-                # No longer started under this claim: the block settled it another way
-                # (journal.complete(attempt.claim, ...)), so there is nothing to mark.
+        mark = functools.partial(self._journal._mark_review, claim.identity, reason, claim.claim_id)
+        try:
+            view, cancelled = await _to_the_end(mark)
+        except ConflictError as conflict:
+            seen = conflict.view
+            if conflict.code == "NOT_STARTED" and seen is not None and seen.status == "succeeded":
+                # Completed under this very claim, by journal.complete(attempt.claim, ...).
                 attempt.settled = True
                 return False
-            except JournalError as error:
-                if exc is None:
-                    raise
-                exc.add_note(
-                    f"itemjournal could not mark {list(claim.identity)} for review: {error}"
-                )
-                return False
+            if exc is None:  # someone else moved the record: the block itself never settled it
+                raise UnresolvedClaim(
+                    f"the claim on {list(claim.identity)} ended unresolved ({conflict})",
+                    view=seen,
+                ) from conflict
+            exc.add_note(f"itemjournal did not mark {list(claim.identity)}: {conflict}")
+            return False
+        except JournalError as error:
+            if exc is None:
+                raise
+            exc.add_note(f"itemjournal could not mark {list(claim.identity)} for review: {error}")
+            return False
         attempt.settled = True
         attempt.view = view
+        if cancelled is not None:
+            raise cancelled  # a native cancellation that arrived meanwhile goes on
         if exc is None:
             raise UnresolvedClaim(
                 f"the claim on {list(claim.identity)} ended unresolved; it now needs review",
                 view=view,
             )
         return False
+
+
+async def _to_the_end(call: Callable[[], Awaitable[T]]) -> tuple[T, BaseException | None]:
+    """Run ``call`` to its end, shielded; retry it after a native asyncio cancellation.
+
+    anyio's shield stops anyio's cancellation, not a bare ``task.cancel()``; ``call``
+    must therefore be safe to run again (the steps used here re-check the record).
+    Returns the result and the last native cancellation, which the caller re-raises.
+    """
+    cancelled: BaseException | None = None
+    with anyio.CancelScope(shield=True):
+        while True:
+            try:
+                result = await call()
+            except anyio.get_cancelled_exc_class() as error:
+                cancelled = error
+            else:
+                return result, cancelled
+    raise AssertionError("unreachable")  # pragma: no cover - the loop only returns
