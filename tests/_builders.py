@@ -7,6 +7,8 @@ from itemjournal._records import Record
 
 NOW = "2026-11-30T00:00:00.000000+00:00"
 DEFINITION = definition_digest("billing-v1")
+# An exact process name as an owner on another machine would write it.
+ELSEWHERE_PROCESS = "0f3c9a52-6b1e-4d8e-9a4b-2c7d5e1f8a90:4026531836:123456"
 
 
 def started_record(identity: Identity, owner: Owner | None = None) -> Record:
@@ -22,7 +24,7 @@ def started_record(identity: Identity, owner: Owner | None = None) -> Record:
         attempt=1,
         created_at=NOW,
         updated_at=NOW,
-        owner=owner or Owner("elsewhere", 42, NOW),
+        owner=owner or Owner("elsewhere", 42, NOW, ELSEWHERE_PROCESS),
         review_reason=None,
     )
     return record.advance("begin", "started", NOW)

@@ -25,6 +25,7 @@ IDENTITY = Identity("shop", "billing", "charge", "order-1")
 OTHER = Identity("shop", "billing", "charge", "order-2")
 DEFINITION = definition_digest("billing-v1")
 NOW = "2026-11-30T00:00:00.000000+00:00"
+BOOT = "0f3c9a52-6b1e-4d8e-9a4b-2c7d5e1f8a90"
 
 
 def started() -> Record:
@@ -54,6 +55,27 @@ def test_document_holds_the_contract_fields() -> None:
     } <= fields
     assert {"attempt", "created_at", "updated_at", "owner", "review_reason", "history"} <= fields
     assert document()["identity"] == list(IDENTITY)
+
+
+@pytest.mark.parametrize(
+    "process", ["", f"{BOOT}:4026531836:0", f"{BOOT}:1:{2**64 - 1}", f"{BOOT}:{2**64 - 1}:42"]
+)
+def test_owner_process_round_trips(process: str) -> None:
+    owner = Owner("host", 42, "2026-11-29T23:00:00.000+00:00", process)
+    data = encode_record(started_record(IDENTITY, owner))
+    assert json.loads(data)["owner"]["process"] == process
+    decoded = decode_record(data, IDENTITY)
+    assert decoded.owner == owner
+
+
+def test_owner_process_defaults_to_unknown() -> None:
+    assert Owner("host", 42, "").process == ""
+    assert document()["owner"] == {
+        "host": "host",
+        "pid": 42,
+        "started_at": "2026-11-29T23:00:00.000+00:00",
+        "process": "",
+    }
 
 
 def test_history_is_bounded() -> None:
@@ -103,8 +125,30 @@ BAD_DOCUMENTS = {
     "attempt str": mutate({"attempt": "1"}),
     "bad time": mutate({"created_at": "yesterday"}),
     "started without owner": mutate({"owner": None}),
-    "owner fields": mutate({"owner": {"host": "h", "pid": 1}}),
-    "owner pid": mutate({"owner": {"host": "h", "pid": -1, "started_at": ""}}),
+    "owner fields": mutate({"owner": {"host": "h", "pid": 1, "started_at": ""}}),
+    "owner pid": mutate({"owner": {"host": "h", "pid": -1, "started_at": "", "process": ""}}),
+    **{
+        f"owner process {name}": mutate(
+            {"owner": {"host": "h", "pid": 1, "started_at": "", "process": value}}
+        )
+        for name, value in {
+            "not str": 5,
+            "null": None,
+            "free text": "pid 1",
+            "upper case": f"{BOOT.upper()}:4026531836:12",
+            "no dashes": f"{BOOT.replace('-', '')}:4026531836:12",
+            "two parts": f"{BOOT}:4026531836",
+            "four parts": f"{BOOT}:4026531836:12:1",
+            "zero namespace": f"{BOOT}:0:12",
+            "leading zero": f"{BOOT}:4026531836:012",
+            "negative ticks": f"{BOOT}:4026531836:-1",
+            "ticks over 64 bits": f"{BOOT}:4026531836:{2**64}",
+            "namespace over 64 bits": f"{BOOT}:{2**64}:12",
+            "spaces": f" {BOOT}:4026531836:12",
+            "newline": f"{BOOT}:4026531836:12\n",
+            "non-ascii digit": f"{BOOT}:4026531836:1\u0662",
+        }.items()
+    },
     "history not list": mutate({"history": {}}),
     "history entry": mutate({"history": [{"at": NOW}]}),
     "history event": mutate(

@@ -174,8 +174,19 @@ class FileStore:
         await run_in_thread(self._open_sync)
 
     def _open_sync(self) -> None:
+        # Each missing component 0700, its parent synced after each mkdir. Through a plain
+        # FileSystem, not ``self.fs``: that seam covers the store's calls inside its root
+        # (a recording one rejects paths outside it), and these sync the root's parents.
         try:  # fails with ENOTDIR when something other than a directory is in the way
-            make_dirs(self.location, self.fs)
+            outside = FileSystem()
+            make_dirs(self.location, outside)
+            # Sync the root's entry in its parent on every open, not only when this open
+            # created it: a process may have died between another open's mkdir and sync.
+            parent = outside.open_dir(os.path.dirname(self.location) or "/")
+            try:
+                outside.fsync_dir(parent)
+            finally:
+                outside.close_dir(parent)
         except OSError as error:
             raise _fail(f"cannot create the journal directory {self.location}", error) from error
         self.sweep_temps_sync()

@@ -20,6 +20,7 @@ __all__ = [
     "Record",
     "decode_record",
     "encode_record",
+    "parse_process",
     "receipt_problem",
     "utc_now",
 ]
@@ -38,6 +39,12 @@ _KIND = re.compile(r"sha256|hmac-sha256:[0-9a-f]{16}")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00")
 MAX_INT = 2**63 - 1
+# An owner process, exactly: "<boot id>:<pid-namespace inode>:<start ticks>" (see _owner).
+_PROCESS = re.compile(
+    r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    r":([1-9][0-9]{0,19}):(0|[1-9][0-9]{0,19})"
+)
+MAX_U64 = 2**64 - 1
 
 
 def utc_now() -> str:
@@ -78,13 +85,36 @@ def note_problem(note: object, what: str) -> str | None:
     return None
 
 
+def parse_process(text: str) -> tuple[str, int, int] | None:
+    """``(boot id, pid-namespace inode, start ticks)`` of an owner's ``process``, or None.
+
+    None for anything but the one canonical spelling (lowercase, no leading zeros, each
+    number at most 2**64-1); the empty string (identity unknown) is None too.
+    """
+    match = _PROCESS.fullmatch(text)
+    if match is None:
+        return None
+    namespace, ticks = int(match[2]), int(match[3])
+    if namespace > MAX_U64 or ticks > MAX_U64:
+        return None
+    return match[1], namespace, ticks
+
+
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """The process that holds a started claim."""
+    """The process that holds a started claim.
+
+    ``process`` names it exactly: ``"<boot id>:<pid-namespace inode>:<start ticks>"``
+    (Linux ``/proc``), or ``""`` when the owner could not tell. Liveness compares only
+    that; ``started_at`` (UTC ISO-8601, or ``""``) is for people reading the record and is
+    never compared: it is derived from the wall clock's idea of the boot time, which moves
+    when the clock is stepped.
+    """
 
     host: str
     pid: int
-    started_at: str  # the process's own start time (UTC ISO-8601), tells a reused pid apart
+    started_at: str
+    process: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +171,7 @@ _KEYS = frozenset(
         "history",
     }
 )
-_OWNER_KEYS = frozenset({"host", "pid", "started_at"})
+_OWNER_KEYS = frozenset({"host", "pid", "started_at", "process"})
 _EVENT_KEYS = frozenset({"at", "event", "status", "attempt", "note"})
 
 
@@ -180,6 +210,7 @@ def encode_record(record: Record) -> bytes:
             "host": record.owner.host,
             "pid": record.owner.pid,
             "started_at": record.owner.started_at,
+            "process": record.owner.process,
         },
         "review_reason": record.review_reason,
         "history": [
@@ -231,6 +262,13 @@ def _time(value: Any, what: str) -> str:
         datetime.fromisoformat(text)
     except ValueError:
         raise _Bad(f"{what} is not a real time") from None
+    return text
+
+
+def _process(value: Any) -> str:
+    text = _str(value, "owner process")
+    if text and parse_process(text) is None:
+        raise _Bad("owner process is malformed")
     return text
 
 
@@ -300,6 +338,7 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
             host=_str(owner_raw["host"], "owner host"),
             pid=_int(owner_raw["pid"], "owner pid", 1),
             started_at=_str(owner_raw["started_at"], "owner started_at"),
+            process=_process(owner_raw["process"]),
         )
     if status == "started" and owner is None:
         raise _Bad("a started record names no owner")

@@ -27,7 +27,9 @@ from typing import Any, Final, Generic, TypeVar
 
 import anyio
 
+from ._dirs import make_dirs
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
+from ._fileio import FileSystem
 from ._identity import Identity, identity_digest
 from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_record, encode_record
@@ -167,11 +169,19 @@ class SQLiteStore:
 
     def _open_sync(self) -> None:
         directory = os.path.dirname(self.path)
+        fs = FileSystem()
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            make_dirs(directory, fs)
             # Create the file ourselves so that it (and SQLite's -wal and -shm, which
-            # copy its mode) is private to the owner.
+            # copy its mode) is private to the owner, and make its name durable.
+            created = not os.path.exists(self.path)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            if created:
+                descriptor = fs.open_dir(directory)
+                try:
+                    fs.fsync_dir(descriptor)
+                finally:
+                    fs.close_dir(descriptor)
         except OSError as error:
             raise _fail(f"cannot create the journal database {self.path}", error) from error
         try:
