@@ -197,8 +197,12 @@ async def test_the_store_creates_its_root_durably(
     store = FileStore(str(root), fs=FileSystem())
     monkeypatch.setattr(filestore_module, "FileSystem", lambda: fs)
     await store.open()
-    assert fs.calls == durable_mkdir(tmp_path / "x") + durable_mkdir(root)
+    parent_sync = durable_mkdir(root)[1:]  # every open syncs the root into its parent
+    assert fs.calls == durable_mkdir(tmp_path / "x") + durable_mkdir(root) + parent_sync
     assert mode(tmp_path / "x") == mode(root) == 0o700
+    fs.calls.clear()
+    await store.open()  # an existing root: nothing made, its entry synced again
+    assert fs.calls == parent_sync
 
 
 @pytest.mark.parametrize("below", [False, True])
