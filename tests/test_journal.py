@@ -480,3 +480,17 @@ async def test_path_for_takes_any_identity_shape(root: Path) -> None:
     assert store.path_for(list(ITEM)) == store.path_for(Identity(*ITEM))
     with pytest.raises(InvalidArgument):
         store.path_for(("a", "b", "c"))
+
+
+async def test_a_closed_journal_refuses_calls(journal: Journal) -> None:
+    claim = await claimed(journal)
+    await journal.aclose()
+    await journal.aclose()  # closing twice is fine
+    for call in (
+        lambda: journal.inspect(ITEM),
+        lambda: journal.begin(ITEM, INPUTS, V1),
+        lambda: journal.complete(claim, "r"),
+        journal.sweep,
+    ):
+        with pytest.raises(StorageFailed, match="closed"):
+            await call()

@@ -156,6 +156,7 @@ class FileStore:
         self.temp_grace = temp_grace
         self._known_dirs: set[str] = set()
         self._temp_prefix: tuple[int, str] | None = None  # (pid, prefix with a known token)
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"FileStore({self.location!r})"
@@ -192,7 +193,13 @@ class FileStore:
         self.sweep_temps_sync()
 
     async def aclose(self) -> None:
+        """Refuse later calls (as every store does); a file store holds nothing open."""
+        self._closed = True
         await anyio.lowlevel.checkpoint()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageFailed(f"{self!r} is closed")
 
     def sweep_temps_sync(self, now: float | None = None) -> list[str]:
         """Remove temp files whose writer is gone and that are older than the grace period.
@@ -248,6 +255,7 @@ class FileStore:
     # ------------------------------------------------------------------ the seam
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        self._check_open()
         deadline: float | None = None
         delay = 0.0005
         while True:
@@ -266,11 +274,13 @@ class FileStore:
             delay = min(delay * 2, 0.05)
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        self._check_open()
         return await run_in_thread(self._peek_sync, identity, view)
 
     async def scan(
         self, *, status: str | None = None, batch: int = 256
     ) -> AsyncGenerator[Record | RecordInvalid, None]:
+        self._check_open()
         paths = await run_in_thread(self._list_sync)
         for start in range(0, len(paths), batch):
             chunk = paths[start : start + batch]
