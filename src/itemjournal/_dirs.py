@@ -58,7 +58,7 @@ def make_dirs(path: str, fs: FileSystem) -> None:
                     errno.ENOTDIR, os.strerror(errno.ENOTDIR), component
                 ) from None
         try:
-            _sync_dir(fs, os.path.dirname(component))
+            sync_dir(fs, os.path.dirname(component))
         except OSError:
             if created:  # never build on an entry that is not known durable: take it back
                 with contextlib.suppress(OSError):
@@ -66,7 +66,8 @@ def make_dirs(path: str, fs: FileSystem) -> None:
             raise
 
 
-def _sync_dir(fs: FileSystem, directory: str) -> None:
+def sync_dir(fs: FileSystem, directory: str) -> None:
+    """fsync a directory, so that the entries made in it survive a power loss."""
     fd = fs.open_dir(directory)
     try:
         fs.fsync_dir(fd)

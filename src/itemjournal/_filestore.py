@@ -27,7 +27,7 @@ from typing import Any, Final, TypeVar
 
 import anyio
 
-from ._dirs import make_dirs
+from ._dirs import make_dirs, sync_dir
 from ._errors import RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
@@ -183,11 +183,7 @@ class FileStore:
             make_dirs(self.location, outside)
             # Sync the root's entry in its parent on every open, not only when this open
             # created it: a process may have died between another open's mkdir and sync.
-            parent = outside.open_dir(os.path.dirname(self.location) or "/")
-            try:
-                outside.fsync_dir(parent)
-            finally:
-                outside.close_dir(parent)
+            sync_dir(outside, os.path.dirname(self.location) or "/")
         except OSError as error:
             raise _fail(f"cannot create the journal directory {self.location}", error) from error
         self.sweep_temps_sync()
@@ -562,12 +558,7 @@ class FileStore:
             raise _fail(f"removed {target}, but cannot sync {directory}", error) from error
 
     def _sync_dir(self, directory: str) -> None:
-        fs = self.fs
-        fd = fs.open_dir(directory)
-        try:
-            fs.fsync_dir(fd)
-        finally:
-            self._quietly(fs.close_dir, fd)
+        sync_dir(self.fs, directory)
 
     @staticmethod
     def _quietly(call: Callable[..., Any], *args: Any) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, Final, Generic, TypeVar
 
 import anyio
 
-from ._dirs import make_dirs
+from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, identity_digest
@@ -177,11 +177,7 @@ class SQLiteStore:
             created = not os.path.exists(self.path)
             os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
             if created:
-                descriptor = fs.open_dir(directory)
-                try:
-                    fs.fsync_dir(descriptor)
-                finally:
-                    fs.close_dir(descriptor)
+                sync_dir(fs, directory)
         except OSError as error:
             raise _fail(f"cannot create the journal database {self.path}", error) from error
         try:
