@@ -88,8 +88,7 @@ class Journal:
         ``location`` is an absolute directory (the file store, the default) or
         ``sqlite:///absolute/path.db`` (the SQLite store, for throughput on one host).
         """
-        digester_check = InputDigester(input_key)  # refuse a bad key before touching disk
-        del digester_check
+        InputDigester(input_key)  # refuses a bad key before anything touches the disk
         if not isinstance(location, (str, os.PathLike)):
             raise InvalidArgument(
                 f"location must be an absolute directory path, not {type(location).__name__}",
@@ -320,9 +319,7 @@ class Journal:
             new = _refusing(
                 ident,
                 current,
-                lambda: machine.resolve(
-                    current, receipt=receipt, retry=retry, note=note, now=utc_now()
-                ),
+                lambda: machine.resolve(current, receipt=receipt, note=note, now=utc_now()),
             )
             return Step(new, _view(ident, new))
 

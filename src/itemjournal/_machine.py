@@ -98,9 +98,8 @@ def mark_review(
     return current.advance("mark_review", "needs_review", now, reason, review_reason=reason)
 
 
-def resolve(
-    current: Record | None, *, receipt: str | None, retry: bool, note: str, now: str
-) -> Record:
+def resolve(current: Record | None, *, receipt: str | None, note: str, now: str) -> Record:
+    """With a receipt: ``succeeded``; without one (the caller asked to retry): ``released``."""
     if current is None or current.status != "needs_review":
         status = "absent" if current is None else current.status
         raise ConflictError(f"the record is {status}, not needs_review", code="NOT_IN_REVIEW")

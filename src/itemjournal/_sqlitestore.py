@@ -415,8 +415,6 @@ class SQLiteStore:
         except sqlite3.Error as error:
             raise _fail(f"cannot read {self.location}", error) from error
         record = None if row is None else self._decode(digest, row[0], row[1])
-        if record is not None and record.identity != identity:  # pragma: no cover - digest
-            raise RecordInvalid(f"record at {self.location} belongs to another identity")
         return view(record)
 
     def _page_sync(
