@@ -18,6 +18,7 @@ __all__ = [
     "Event",
     "Owner",
     "Record",
+    "clear_decode_cache",
     "decode_record",
     "encode_record",
     "parse_process",
@@ -191,7 +192,18 @@ def _remember(data: bytes, record: Record) -> None:
     _KNOWN[data] = record
 
 
+def clear_decode_cache() -> None:
+    """Forget every remembered document, so that the next reads parse strictly again."""
+    _KNOWN.clear()
+
+
 def encode_record(record: Record) -> bytes:
+    """The document's bytes, proven readable: they go through the strict reader first.
+
+    A record the reader would reject (a reason too long, a lone surrogate, a bug) is
+    refused here, before anything is written, with ``RECORD_INVALID``: a journal must
+    never write what it cannot read back.
+    """
     document: dict[str, Any] = {
         "version": VERSION,
         "identity": list(record.identity),
@@ -220,8 +232,20 @@ def encode_record(record: Record) -> bytes:
     }
     # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
     text = json.dumps(document, ensure_ascii=False, sort_keys=True)
-    data = (text + "\n").encode("utf-8")
-    _remember(data, record)
+    try:
+        data = (text + "\n").encode("utf-8")
+        again = _decode(data, record.identity)
+    except (_Bad, UnicodeEncodeError) as error:
+        raise RecordInvalid(
+            f"refusing to write a record of {list(record.identity)} that the strict reader "
+            f"would reject: {error}"
+        ) from None
+    if again != record:
+        raise RecordInvalid(
+            f"refusing to write a record of {list(record.identity)} that does not read back "
+            f"as written"
+        )
+    _remember(data, again)
     return data
 
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from ._errors import RecordInvalid
+from ._errors import RecordInvalid, StorageFailed
 from ._identity import Identity
 from ._records import Record
 
@@ -42,6 +42,20 @@ class Store(Protocol):
 
     location: str
 
+    async def open(self) -> None:
+        """Create the location if needed, check it is this user's alone (unless the store
+        was made with ``trust_shared_root=True``) and that it is a journal of this kind."""
+        ...
+
+    async def setting(self, name: str, value: str) -> str:
+        """The location's recorded value of ``name``; records ``value`` first if none is.
+
+        Atomic across processes and durable before it returns: of two first openers with
+        different values, one value wins and both are told which. Settings are opaque
+        strings to the store (the journal keeps its input digest kind here).
+        """
+        ...
+
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
         """Read the record, run ``step`` on it, durably write what it returns, answer.
 
@@ -55,12 +69,18 @@ class Store(Protocol):
         """Read the record and pass it to ``view`` (in the same worker trip)."""
         ...
 
-    def scan(self, *, status: str | None = None) -> AsyncGenerator[Record | RecordInvalid, None]:
-        """Every stored record (with ``status``, only those), in no promised order; an
-        unreadable one as ``RecordInvalid`` (always included: its status is unknown).
+    def scan(
+        self, *, status: str | None = None
+    ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
+        """Every stored record (with ``status``, only those), in no promised order.
 
-        Reads in batches (one worker trip each); records may change while a scan runs.
+        A record that cannot be read strictly comes as ``RecordInvalid`` (always, whatever
+        ``status`` asks: its status is unknown); a part of the store that cannot be read
+        at all (a directory that cannot be listed) as ``StorageFailed``. Neither stops the
+        scan. Reads in batches (one worker trip each); records may change while it runs.
         """
         ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Refuse new calls, wait for the calls under way, then release what is held."""
+        ...
