@@ -159,3 +159,76 @@ async def test_repeated_cancels_still_take_back_an_undelivered_claim(root: Path)
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (await journal.inspect(identity)).status == "absent"
+
+
+async def exit_cancelled_mid_mark(root: Path, identity: tuple[str, ...], raises: bool) -> None:
+    """A claim block ends (normally, or by raising); while its exit marks the record, a
+    native cancel lands; the interrupted write lands anyway, so the exit's retry finds
+    the record already marked by itself."""
+    journal, fs = await gated_journal(root)
+    inside = asyncio.Event()
+
+    async def worker() -> None:
+        async with journal.claim(identity, INPUTS, DEFINITION):
+            fs.armed, fs.entered, fs.proceed = True, threading.Event(), threading.Event()
+            inside.set()
+            if raises:
+                raise ValueError("declined after sending")
+
+    task = asyncio.ensure_future(worker())
+    await inside.wait()
+    while not fs.entered.is_set():  # noqa: ASYNC110 - a thread sets it
+        await asyncio.sleep(0.001)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    fs.armed = False
+    fs.proceed.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+    view = await journal.inspect(identity)
+    assert view.status == "needs_review"
+    assert [event.event for event in view.history] == ["begin", "mark_review"]
+
+
+async def test_a_cancel_during_the_exit_of_an_unsettled_block_stays_a_cancel(root: Path) -> None:
+    await exit_cancelled_mid_mark(root, ("native", "exit", "plain", "x"), raises=False)
+
+
+async def test_a_cancel_during_the_exit_of_a_raising_block_stays_a_cancel(root: Path) -> None:
+    await exit_cancelled_mid_mark(root, ("native", "exit", "raised", "x"), raises=True)
+
+
+async def test_notes_on_a_cancelled_exit_say_what_happened(root: Path) -> None:
+    """The exception that leaves the block carries a note only when it is true: here the
+    record was marked, so no note may say it was not."""
+    journal, fs = await gated_journal(root)
+    identity = ("native", "exit", "notes", "x")
+    inside = asyncio.Event()
+    seen: list[BaseException] = []
+
+    async def worker() -> None:
+        try:
+            async with journal.claim(identity, INPUTS, DEFINITION):
+                fs.armed, fs.entered, fs.proceed = True, threading.Event(), threading.Event()
+                inside.set()
+                raise ValueError("declined after sending")
+        except BaseException as error:
+            seen.append(error)
+            raise
+
+    task = asyncio.ensure_future(worker())
+    await inside.wait()
+    while not fs.entered.is_set():  # noqa: ASYNC110 - a thread sets it
+        await asyncio.sleep(0.001)
+    task.cancel()
+    await asyncio.sleep(0.01)
+    fs.armed = False
+    fs.proceed.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(seen) == 1
+    assert isinstance(seen[0], asyncio.CancelledError)
+    notes = getattr(seen[0], "__notes__", [])
+    assert not any("did not mark" in note or "could not mark" in note for note in notes)
+    assert any("marked" in note and "needs_review" in note for note in notes), notes

@@ -26,6 +26,7 @@ from ._store import Store as Store
 from ._view import Claim as Claim
 from ._view import RecordView as RecordView
 from ._view import Reuse as Reuse
+from ._view import SweepReport as SweepReport
 
 __all__ = [
     "Attempt",
@@ -46,6 +47,7 @@ __all__ = [
     "Step",
     "StorageFailed",
     "Store",
+    "SweepReport",
     "UnresolvedClaim",
     "definition_digest",
     "input_digest",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import TypeVar
@@ -14,7 +16,14 @@ import anyio
 import anyio.lowlevel
 
 from . import _machine as machine
-from ._errors import ConflictError, InvalidArgument, JournalError, RecordInvalid, UnresolvedClaim
+from ._errors import (
+    ConflictError,
+    InvalidArgument,
+    JournalError,
+    RecordInvalid,
+    StorageFailed,
+    UnresolvedClaim,
+)
 from ._filestore import FileStore
 from ._identity import (
     Identity,
@@ -25,14 +34,17 @@ from ._identity import (
     require_hash,
 )
 from ._owner import current_owner, owner_alive
-from ._records import Record, note_problem, receipt_problem, utc_now
+from ._records import MAX_NOTE_CHARS, Record, note_problem, receipt_problem, utc_now
 from ._sqlitestore import SQLiteStore
 from ._store import Step, Store
-from ._view import Claim, RecordView, Reuse
+from ._view import Claim, RecordView, Reuse, SweepReport
 
 __all__ = ["Attempt", "Journal"]
 
 T = TypeVar("T")
+
+# The location's setting that names how its inputs are fingerprinted (SPEC section 1).
+_INPUT_KIND: str = "input_kind"
 
 
 def _view(identity: Identity, record: Record | None) -> RecordView:
@@ -76,25 +88,58 @@ class Journal:
     def __init__(self, store: Store, *, input_key: bytes | None = None) -> None:
         self._store = store
         self._digester = InputDigester(input_key)
-        self._meta = anyio.Lock(fast_acquire=True)
-        self._busy: dict[Identity, anyio.Event] = {}
+        # Identities in flight, each with the tasks waiting for it in arrival order. The
+        # event loop runs this bookkeeping without awaiting, so it needs no lock.
+        self._busy: dict[Identity, deque[anyio.Event]] = {}
 
     @classmethod
     async def open(
-        cls, location: str | os.PathLike[str], *, input_key: bytes | None = None
+        cls,
+        location: str | os.PathLike[str],
+        *,
+        input_key: bytes | None = None,
+        lock_timeout: float = 30.0,
+        trust_shared_root: bool = False,
     ) -> Journal:
         """Open (creating if needed) the journal at ``location``.
 
         ``location`` is an absolute directory (the file store, the default) or
         ``sqlite:///absolute/path.db`` (the SQLite store, for throughput on one host).
+        ``lock_timeout`` bounds, in seconds, how long one operation waits for a record
+        lock (or the database's write lock) that another process holds. The location
+        must be this user's alone (not writable by group or others); pass
+        ``trust_shared_root=True`` only when every user who can write there is trusted.
+        A location records how its inputs are fingerprinted when it is created; opening
+        it with another ``input_key`` (or without the one it was made with) raises
+        ``INPUT_KEY_MISMATCH``.
         """
         InputDigester(input_key)  # refuses a bad key before anything touches the disk
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)):
+            raise InvalidArgument(
+                f"lock_timeout is a number of seconds, not {type(lock_timeout).__name__}",
+                code="INVALID_ARGUMENT",
+            )
+        if not (math.isfinite(lock_timeout) and lock_timeout > 0):
+            raise InvalidArgument(
+                f"lock_timeout must be a positive, finite number of seconds, got {lock_timeout}",
+                code="INVALID_ARGUMENT",
+            )
+        if not isinstance(trust_shared_root, bool):
+            raise InvalidArgument(
+                "trust_shared_root must be True or False", code="INVALID_ARGUMENT"
+            )
         if not isinstance(location, (str, os.PathLike)):
             raise InvalidArgument(
                 f"location must be an absolute directory path, not {type(location).__name__}",
                 code="ABSOLUTE_ROOT_REQUIRED",
             )
         text = os.fspath(location)
+        if not isinstance(text, str):
+            raise InvalidArgument(
+                f"location must be a text path; {type(location).__name__} gave "
+                f"{type(text).__name__} (decode it with os.fsdecode first)",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
         if "\0" in text:
             raise InvalidArgument(
                 "the location holds a NUL character", code="ABSOLUTE_ROOT_REQUIRED"
@@ -112,11 +157,31 @@ class Journal:
                     f"a SQLite location looks like sqlite:///absolute/path.db, not {text!r}",
                     code="ABSOLUTE_ROOT_REQUIRED",
                 )
-            store = SQLiteStore(text[len("sqlite://") :])
+            store = SQLiteStore(
+                text[len("sqlite://") :],
+                busy_timeout=float(lock_timeout),
+                trust_shared_root=trust_shared_root,
+            )
         else:
-            store = FileStore(text)
-        await store.open()
-        return cls(store, input_key=input_key)
+            store = FileStore(
+                text, lock_timeout=float(lock_timeout), trust_shared_root=trust_shared_root
+            )
+        journal = cls(store, input_key=input_key)
+        try:
+            await store.open()
+            kind = journal.input_kind
+            recorded = await store.setting(_INPUT_KIND, kind)
+            if recorded != kind:
+                raise ConflictError(
+                    f"{store.location} fingerprints inputs with {recorded!r}, but it was "
+                    f"opened with {kind!r}; open it with the input_key it was created with",
+                    code="INPUT_KEY_MISMATCH",
+                )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
+            raise
+        return journal
 
     @property
     def store(self) -> Store:
@@ -141,47 +206,66 @@ class Journal:
 
     # ------------------------------------------------------------------ one identity at a time
 
-    async def _acquire(self, identity: Identity) -> anyio.Event:
-        while True:
-            async with self._meta:
-                waiting = self._busy.get(identity)
-                if waiting is None:
-                    mine = self._busy[identity] = anyio.Event()
-                    return mine
-            await waiting.wait()
+    async def _acquire(self, identity: Identity) -> None:
+        """Have ``identity`` to ourselves; waiters are served first come, first served.
 
-    def _release(self, identity: Identity, mine: anyio.Event) -> None:
-        del self._busy[identity]
-        mine.set()
+        A release hands the identity straight to the oldest waiter (one wake-up, not a
+        stampede of every waiter re-checking), so N calls on one identity cost O(N).
+        """
+        waiters = self._busy.get(identity)
+        if waiters is None:
+            self._busy[identity] = deque()
+            return
+        turn = anyio.Event()
+        waiters.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():  # handed to us as the cancellation landed: pass it on
+                self._release(identity)
+            else:
+                waiters.remove(turn)
+            raise
+
+    def _release(self, identity: Identity) -> None:
+        waiters = self._busy[identity]
+        if waiters:
+            waiters.popleft().set()  # the identity now belongs to that waiter
+        else:
+            del self._busy[identity]
 
     async def _apply(
         self,
         identity: Identity,
         step: Callable[[Record | None], Step[T]],
-        undo: Callable[[Record | None], Step[None]] | None = None,
+        undo: Callable[[Record | None], Step[str]] | None = None,
+        decided: Callable[[], bool] = lambda: True,
     ) -> T:
         """Run ``step`` through the store with this identity to ourselves.
 
         ``undo`` runs (shielded, before the identity is free again) when the call is
-        cancelled after its worker trip began: the answer will never reach the caller,
-        so whatever the step wrote for it must be taken back.
+        cancelled after ``step`` decided to write (``decided()``): the answer will never
+        reach the caller, so whatever the step wrote for it must be taken back. A call
+        cancelled before its step ever ran (waiting for a lock, say) wrote nothing and
+        ends at once.
         """
-        mine = await self._acquire(identity)
+        await self._acquire(identity)
         try:
             try:
                 return await self._store.apply(identity, step)
             except anyio.get_cancelled_exc_class() as cancelled:
-                if undo is not None:
-                    try:
-                        await _to_the_end(functools.partial(self._store.apply, identity, undo))
-                    except JournalError as error:
+                if undo is not None and decided():
+                    _, error, _ = await _to_the_end(
+                        functools.partial(self._store.apply, identity, undo)
+                    )
+                    if error is not None:
                         cancelled.add_note(
-                            f"itemjournal could not take back the claim on "
-                            f"{list(identity)} that the cancelled begin() wrote: {error}"
+                            f"itemjournal could not check whether the cancelled begin() left "
+                            f"a started record on {list(identity)}: {error}"
                         )
                 raise
         finally:
-            self._release(identity, mine)
+            self._release(identity)
 
     # ------------------------------------------------------------------ operations
 
@@ -225,19 +309,19 @@ class Journal:
             )
             return Step(new, claim)
 
-        def undo(current: Record | None) -> Step[None]:
+        def undo(current: Record | None) -> Step[str]:
             # Only a record still carrying the claim we never handed out is taken back:
             # removed if it was new, or returned to the released record it replaced.
             for before, claim_id in granted:
                 if current is not None and current.claim_id == claim_id:
                     if current.status != "started":
-                        break
+                        return Step(None, "moved on")
                     if before is None:
-                        return Step(None, None, delete=True)
-                    return Step(before, None)
-            return Step(None, None)
+                        return Step(None, "removed", delete=True)
+                    return Step(before, "restored")
+            return Step(None, "never written")
 
-        return await self._apply(ident, step, undo)
+        return await self._apply(ident, step, undo, lambda: bool(granted))
 
     async def complete(self, claim: Claim, receipt: str) -> RecordView:
         """Declare the claimed effect done; ``receipt`` is stored and reused by reruns."""
@@ -330,17 +414,22 @@ class Journal:
         ident = coerce_identity(identity)
         return await self._store.peek(ident, lambda record: _view(ident, record))
 
-    async def sweep(self) -> list[RecordView]:
+    async def sweep(self) -> SweepReport:
         """Mark ``started`` records whose owner process on this host is gone ``needs_review``.
 
         An explicit call, never a replay: the swept records refuse ``begin`` until an
         operator resolves them. A live owner's claim, or one on another host, is never
-        touched. Returns the views of the records it marked.
+        touched. A record that cannot be read or written is skipped and reported in the
+        report's ``problems``; it never stops the sweep.
         """
-        swept: list[RecordView] = []
+        marked: list[RecordView] = []
+        problems: list[JournalError] = []
         async with contextlib.aclosing(self._store.scan(status="started")) as records:
             async for record in records:
-                if isinstance(record, RecordInvalid) or record.status != "started":
+                if isinstance(record, (RecordInvalid, StorageFailed)):
+                    problems.append(record)
+                    continue
+                if record.status != "started":
                     continue
                 ident = record.identity
 
@@ -351,10 +440,14 @@ class Journal:
                     new = machine.sweep(current, owner_gone=gone, now=utc_now())
                     return Step(new, None if new is None else _view(ident, new))
 
-                view = await self._apply(ident, step)
+                try:
+                    view = await self._apply(ident, step)
+                except (RecordInvalid, StorageFailed) as error:
+                    problems.append(error)
+                    continue
                 if view is not None:
-                    swept.append(view)
-        return swept
+                    marked.append(view)
+        return SweepReport(tuple(marked), tuple(problems))
 
     def claim(
         self, identity: IdentityLike, inputs: Mapping[str, str], definition: str
@@ -447,50 +540,109 @@ class ClaimContext:
         if attempt is None or attempt.settled or attempt.reused:
             return False
         claim = attempt.claim
-        reason = (
-            "block ended without complete or mark_review"
-            if exc is None
-            else (f"block raised {type(exc).__name__}")
-        )
-        mark = functools.partial(self._journal._mark_review, claim.identity, reason, claim.claim_id)
-        try:
-            view, cancelled = await _to_the_end(mark)
-        except ConflictError as conflict:
-            seen = conflict.view
-            if conflict.code == "NOT_STARTED" and seen is not None and seen.status == "succeeded":
-                # Completed under this very claim, by journal.complete(attempt.claim, ...).
-                attempt.settled = True
-                return False
-            if exc is None:  # someone else moved the record: the block itself never settled it
-                raise UnresolvedClaim(
-                    f"the claim on {list(claim.identity)} ended unresolved ({conflict})",
-                    view=seen,
-                ) from conflict
-            exc.add_note(f"itemjournal did not mark {list(claim.identity)}: {conflict}")
-            return False
-        except JournalError as error:
-            if exc is None:
-                raise
-            exc.add_note(f"itemjournal could not mark {list(claim.identity)} for review: {error}")
-            return False
-        attempt.settled = True
-        attempt.view = view
-        if cancelled is not None:
-            raise cancelled  # a native cancellation that arrived meanwhile goes on
-        if exc is None:
-            raise UnresolvedClaim(
-                f"the claim on {list(claim.identity)} ended unresolved; it now needs review",
-                view=view,
+        ident = coerce_identity(claim.identity)
+        reason = "block ended without complete or mark_review" if exc is None else _reason(exc)
+        written: list[Record] = []
+
+        def settle(current: Record | None) -> Step[tuple[bool, RecordView]]:
+            """(completed by this claim?, view): mark it, unless this claim settled it.
+
+            A try cut short by a native cancellation may have written already; its own
+            record, found again, counts as marked (the retry must not report otherwise).
+            """
+            if current is not None and current in written:
+                return Step(None, (False, _view(ident, current)))
+            if (
+                current is not None
+                and current.claim_id == claim.claim_id
+                and current.status == "succeeded"
+                and current.history
+                and current.history[-1].event == "complete"
+            ):  # completed under this very claim, by journal.complete(attempt.claim, ...)
+                return Step(None, (True, _view(ident, current)))
+            new = _refusing(
+                ident,
+                current,
+                lambda: machine.mark_review(
+                    current, reason=reason, claim_id=claim.claim_id, now=utc_now()
+                ),
             )
-        return False
+            written.append(new)
+            return Step(new, (False, _view(ident, new)))
+
+        outcome, error, cancelled = await _to_the_end(
+            functools.partial(self._journal._apply, ident, settle)
+        )
+        # A native cancellation that arrived meanwhile goes on, whatever else happened:
+        # the task must end cancelled. What the exit did travels with it as a note.
+        carrier = cancelled if cancelled is not None else exc
+        if outcome is not None:
+            completed, view = outcome
+            attempt.settled = True
+            attempt.view = view
+            if completed:
+                if cancelled is not None:
+                    raise cancelled
+                return False
+            if cancelled is not None:
+                cancelled.add_note(
+                    f"itemjournal marked {list(claim.identity)} needs_review: {reason}"
+                )
+                raise cancelled
+            if exc is None:
+                raise UnresolvedClaim(
+                    f"the claim on {list(claim.identity)} ended unresolved; it now needs review",
+                    view=view,
+                )
+            return False
+        assert error is not None
+        if isinstance(error, ConflictError):
+            note = f"itemjournal did not mark {list(claim.identity)}: {error}"
+        else:
+            note = f"itemjournal could not mark {list(claim.identity)} for review: {error}"
+        if carrier is not None:
+            carrier.add_note(note)
+            if cancelled is not None:
+                raise cancelled
+            return False
+        if isinstance(error, ConflictError):  # someone else moved the record
+            raise UnresolvedClaim(
+                f"the claim on {list(claim.identity)} ended unresolved ({error})",
+                view=error.view,
+            ) from error
+        raise error
 
 
-async def _to_the_end(call: Callable[[], Awaitable[T]]) -> tuple[T, BaseException | None]:
+def _reason(exc: BaseException) -> str:
+    """A review reason naming the exception: its type and message, made to fit a note.
+
+    An operator must tell "timed out before sending" from "after": the message matters.
+    Lone surrogates are replaced and the text is cut to the note limit, so the record
+    always reads back.
+    """
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not stop the record being marked
+        message = "(its message cannot be shown)"
+    text = f"block raised {type(exc).__name__}"
+    if message.strip():
+        text = f"{text}: {message}"
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    if len(text) > MAX_NOTE_CHARS:
+        text = text[: MAX_NOTE_CHARS - 1] + "\u2026"
+    return text
+
+
+async def _to_the_end(
+    call: Callable[[], Awaitable[T]],
+) -> tuple[T | None, Exception | None, BaseException | None]:
     """Run ``call`` to its end, shielded; retry it after a native asyncio cancellation.
 
     anyio's shield stops anyio's cancellation, not a bare ``task.cancel()``; ``call``
     must therefore be safe to run again (the steps used here re-check the record).
-    Returns the result and the last native cancellation, which the caller re-raises.
+    Returns ``(result, None, cancelled)`` or ``(None, error, cancelled)``, where
+    ``cancelled`` is the last native cancellation seen, which the caller must re-raise:
+    an error from a retry never swallows it.
     """
     cancelled: BaseException | None = None
     with anyio.CancelScope(shield=True):
@@ -499,6 +651,8 @@ async def _to_the_end(call: Callable[[], Awaitable[T]]) -> tuple[T, BaseExceptio
                 result = await call()
             except anyio.get_cancelled_exc_class() as error:
                 cancelled = error
+            except Exception as error:
+                return None, error, cancelled
             else:
-                return result, cancelled
+                return result, None, cancelled
     raise AssertionError("unreachable")  # pragma: no cover - the loop only returns

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ._identity import Identity
 from ._records import Event, Owner, Record
 
-__all__ = ["Claim", "RecordView", "Reuse"]
+if TYPE_CHECKING:
+    from ._errors import JournalError
+
+__all__ = ["Claim", "RecordView", "Reuse", "SweepReport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +73,16 @@ class RecordView:
             review_reason=record.review_reason,
             history=record.history,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What ``Journal.sweep`` did: the records it marked ``needs_review``, and what it
+    could not handle (a record that cannot be read strictly, a part of the store that
+    cannot be read, a record whose lock or write failed), each as the error it met.
+
+    A problem never stops a sweep: every other record is still looked at.
+    """
+
+    marked: tuple[RecordView, ...] = ()
+    problems: tuple[JournalError, ...] = ()
