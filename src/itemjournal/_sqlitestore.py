@@ -4,14 +4,24 @@ Operations that arrive while a commit is in flight wait in a queue; the next bat
 takes all of them into ONE ``BEGIN IMMEDIATE`` transaction with ONE commit (one WAL
 sync). Each step decides before its operation writes anything, so a refusal or a bad
 record leaves nothing to undo and never costs the other operations of the batch. Every
-caller is answered only after the commit returned. A lone operation runs at once: there
-is no timer waiting for company.
+answer is published only after the commit returned; if anything else goes wrong inside
+the transaction (a statement fails, a step raises a ``BaseException``, memory runs
+out), the transaction is rolled back and every caller whose write was lost hears that
+nothing was written. A failed ``COMMIT`` is different: the write-ahead log may already
+hold the transaction, so its callers hear that the outcome is unknown. A lone operation
+runs at once: there is no timer waiting for company.
 
 Across processes, SQLite's own write lock (``BEGIN IMMEDIATE``) keeps read-decide-write
 atomic, so claims stay exclusive and no transition is lost. While another process holds
 that lock, the leader sleeps on the event loop (short, jittered, cancellable sleeps)
 before it tries again; SQLite's own busy handler, whose sleeps lengthen to 100 ms, would
-let a busy process starve a waiting one and could not be cancelled.
+let a busy process starve a waiting one and could not be cancelled. ``open`` waits for
+the lock the same way.
+
+The database file is never opened or closed outside SQLite: closing any descriptor of
+it would drop every POSIX lock this process holds on it, SQLite's own included, and let
+another process delete the write-ahead log from under a live connection. The file is
+created under a temporary name and linked into place, and only ``stat`` looks at it.
 """
 
 from __future__ import annotations
@@ -20,12 +30,15 @@ import contextlib
 import errno
 import os
 import random
+import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
@@ -35,6 +48,7 @@ from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import run_in_thread
+from ._trust import require_private
 
 __all__ = ["SQLiteStore"]
 
@@ -42,7 +56,24 @@ T = TypeVar("T")
 
 SCHEMA_VERSION: Final = 1
 APPLICATION: Final = "itemjournal"
-_SCHEMA: Final = """
+_SETTING_PREFIX: Final = "setting."  # settings share the meta table with the keys above
+
+_OPEN: Final = ("started", "needs_review")  # the statuses in the partial index
+_OPEN_CONDITION: Final = "status IN ('started', 'needs_review')"
+_DOCUMENT_TEXT: Final = "CAST(document AS TEXT)"
+# A row whose status SQL cannot vouch for: the status column is not a known status, or
+# the document is not a blob, not JSON, or names another status. Such a row belongs in
+# every status scan (its true status is unknown); its own partial index, empty while
+# the journal is healthy, finds it without reading every document.
+_SUSPECT_CONDITION: Final = (
+    "typeof(status) != 'text' "
+    f"OR status NOT IN ({', '.join(repr(s) for s in _STATUSES)}) "
+    "OR typeof(document) != 'blob' "
+    f"OR CASE WHEN json_valid({_DOCUMENT_TEXT}) "
+    f"THEN json_extract({_DOCUMENT_TEXT}, '$.status') IS NOT status ELSE 1 END"
+)
+_SCHEMA: Final = (
+    """
 CREATE TABLE IF NOT EXISTS itemjournal_meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -55,51 +86,176 @@ CREATE TABLE IF NOT EXISTS itemjournal_records (
 CREATE INDEX IF NOT EXISTS itemjournal_records_open ON itemjournal_records (status)
     WHERE status IN ('started', 'needs_review');
 """
+    + "CREATE INDEX IF NOT EXISTS itemjournal_records_suspect ON itemjournal_records (digest)\n"
+    + f"    WHERE {_SUSPECT_CONDITION};\n"
+)
+_TABLES: Final = frozenset({"itemjournal_meta", "itemjournal_records"})
+_INDEXES: Final = frozenset({"itemjournal_records_open", "itemjournal_records_suspect"})
+_ROW: Final = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
 
-_OPEN: Final = ("started", "needs_review")  # the statuses in the partial index
-_OPEN_CONDITION: Final = "status IN ('started', 'needs_review')"
+# Errors after which SQLite may have rolled the whole transaction back by itself, or
+# that say something about the database rather than one row.
+_TRANSACTION_ERRORS: Final = frozenset(
+    {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_NOMEM,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_INTERRUPT,
+    }
+)
+
 _PENDING, _TAKEN, _DONE = 0, 1, 2
 _UNSET: Final[Any] = object()
 
 
-def _fail(what: str, error: sqlite3.Error | OSError) -> StorageFailed:
+class _Undecodable(str):
+    """Text that SQLite holds but that is not UTF-8: readable with replacement
+    characters, its bytes kept in ``raw`` (a scan must page past it exactly)."""
+
+    raw: bytes
+
+
+def _text(data: bytes) -> str:
+    """Every connection's text factory: a row of bad text is that row's problem, never an
+    error that stops the statement (and with it a whole batch or scan)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        text = _Undecodable(data.decode("utf-8", "replace"))
+        text.raw = data
+        return text
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, sqlite3.Error | OSError):
+        return str(error) or type(error).__name__
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _failure(what: str, error: BaseException) -> StorageFailed:
+    """``STORAGE_FAILED`` saying ``what``, caused by ``error`` (each caller its own)."""
     code = getattr(error, "errno", None)
-    return StorageFailed(f"{what}: {error}", errno=code if isinstance(code, int) else None)
+    failure = StorageFailed(
+        f"{what}: {_describe(error)}", errno=code if isinstance(code, int) else None
+    )
+    failure.__cause__ = error
+    return failure
 
 
-def _page_query(status: str | None) -> str | None:
-    """The SQL of one page of a scan (parameters: after digest, page size).
+def _primary_code(error: BaseException) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)
+    return code & 0xFF if isinstance(code, int) else None
+
+
+def _busy(error: BaseException) -> bool:
+    """True when another connection holds the lock that was asked for."""
+    return isinstance(error, sqlite3.OperationalError) and _primary_code(error) in (
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+    )
+
+
+class _Bound(NamedTuple):
+    """Where the next page of a scan starts: after (or at) a digest, in SQLite's order
+    (text, compared as UTF-8 bytes, before blobs)."""
+
+    blob: bool
+    raw: bytes
+    inclusive: bool
+
+
+_FIRST: Final = _Bound(blob=False, raw=b"", inclusive=True)  # the smallest text: every row
+
+
+def _sort_key(digest: object) -> tuple[bool, bytes]:
+    if isinstance(digest, bytes):
+        return True, digest
+    if isinstance(digest, _Undecodable):
+        return False, digest.raw
+    return False, str(digest).encode("utf-8")
+
+
+def _page_queries(status: str | None, after: _Bound) -> list[str]:
+    """The SQL of one page of a scan (parameters: bound, page size), one or two queries.
 
     The open statuses (what sweeps and review queues look for) have a partial index
-    (status, digest); SQLite uses it when the query repeats the index's condition.
+    (status, digest); SQLite uses it when the query repeats the index's condition. A
+    status scan also reads the suspect rows (their own partial index), since a row whose
+    status cannot be vouched for belongs in every status scan.
     """
     columns = "SELECT digest, status, document FROM itemjournal_records"
+    bound = f"digest {'>=' if after.inclusive else '>'} {'?' if after.blob else 'CAST(? AS TEXT)'}"
+    tail = f"{bound} ORDER BY digest LIMIT ?"
+    suspect = (
+        f"{columns} INDEXED BY itemjournal_records_suspect WHERE ({_SUSPECT_CONDITION}) AND {tail}"
+    )
     if status is None:
-        return f"{columns} WHERE digest > ? ORDER BY digest LIMIT ?"
+        return [f"{columns} WHERE {tail}"]
     if status in _OPEN:
-        return (
+        return [
             f"{columns} INDEXED BY itemjournal_records_open WHERE {_OPEN_CONDITION} "
-            f"AND status = '{status}' AND digest > ? ORDER BY digest LIMIT ?"
-        )
+            f"AND status = '{status}' AND {tail}",
+            suspect,
+        ]
     if status in _STATUSES:
-        return f"{columns} WHERE status = '{status}' AND digest > ? ORDER BY digest LIMIT ?"
-    return None
+        return [f"{columns} WHERE status = '{status}' AND {tail}", suspect]
+    return [suspect]  # no record has that status; only the unreadable ones may
 
 
 class _Operation(Generic[T]):
-    """One caller's step, waiting for (or inside) a batch."""
+    """One caller's step (or setting), waiting for (or inside) a batch.
 
-    __slots__ = ("_done", "answer", "digest", "error", "identity", "leads", "state", "step")
+    Inside the batch (in the worker thread) the outcome is only *decided*
+    (``pending``); it is published (``answer``/``error``, ``settled``) when the batch's
+    fate is known, and the caller is woken after the worker trip.
+    """
 
-    def __init__(self, identity: Identity, step: StepFunction[T]) -> None:
+    __slots__ = (
+        "_done",
+        "answer",
+        "culprit",
+        "depends",
+        "error",
+        "identity",
+        "key",
+        "leads",
+        "pending",
+        "setting",
+        "settled",
+        "state",
+        "step",
+        "wrote",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        identity: Identity | None = None,
+        step: StepFunction[T] | None = None,
+        setting: tuple[str, str] | None = None,
+    ) -> None:
+        self.key = key  # the row's digest, or the meta key of a setting
         self.identity = identity
-        self.digest = identity_digest(identity)
         self.step = step
+        self.setting = setting
         self.state = _PENDING
         self.leads = False
         self._done: anyio.Event | None = None
         self.answer: T = _UNSET
         self.error: BaseException | None = None
+        self.settled = False
+        self.pending: tuple[bool, Any] | None = None  # (is an error, value), decided
+        self.wrote = False  # its write is part of the transaction
+        self.depends = False  # it read a row an earlier member of its batch wrote
+        self.culprit = False  # its step raised a BaseException that ended the batch
+
+    @classmethod
+    def of(cls, identity: Identity, step: StepFunction[T]) -> _Operation[T]:
+        return cls(identity_digest(identity), identity=identity, step=step)
 
     @property
     def done(self) -> anyio.Event:
@@ -113,17 +269,65 @@ class _Operation(Generic[T]):
         if self._done is not None:
             self._done.set()
 
+    def reset(self) -> None:
+        self.pending = None
+        self.wrote = self.depends = self.culprit = False
+
+    def publish(self) -> None:
+        """Make the decided outcome the caller's answer."""
+        assert self.pending is not None
+        is_error, value = self.pending
+        if is_error:
+            self.error = value
+        else:
+            self.answer = value
+        self.settled = True
+
+    def fail(self, error: BaseException) -> None:
+        self.answer = _UNSET
+        self.error = error
+        self.settled = True
+
     def result(self) -> T:
         if self.error is not None:
             raise self.error
         return self.answer
 
 
-class SQLiteStore:
-    """Record documents in one SQLite database (WAL, ``synchronous=FULL``)."""
+class _Opening:
+    """How far ``open`` got, across its tries (it retries while another process holds
+    a lock it needs)."""
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 30.0) -> None:
+    def __init__(self) -> None:
+        self.prepared = False
+        self.connection: sqlite3.Connection | None = None
+        self.checked = False
+        self.complete = False
+        self.wal = False
+
+
+class SQLiteStore:
+    """Record documents in one SQLite database (WAL, ``synchronous=FULL``).
+
+    ``busy_timeout`` (seconds) bounds how long ``open`` and each write wait while
+    another process holds a lock they need (``STORAGE_FAILED``, ``ETIMEDOUT``); the
+    waits are cancellable. ``trust_shared_root=True`` skips the check that the database
+    and its directory are this user's alone.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout: float = 30.0,
+        trust_shared_root: bool = False,
+    ) -> None:
         text = os.fspath(path)
+        if not isinstance(text, str):
+            raise InvalidArgument(
+                "the SQLite database path must be text, not bytes",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
         if not os.path.isabs(text):
             raise InvalidArgument(
                 f"the SQLite database needs an absolute path (sqlite:///abs/path.db), got {text!r}",
@@ -132,8 +336,10 @@ class SQLiteStore:
         self.path = os.path.normpath(text)
         self.location = f"sqlite://{self.path}"
         self.busy_timeout = busy_timeout
+        self.trust_shared_root = trust_shared_root
         self.commits = 0  # committed write transactions, for tests and benchmarks
         self._writer: sqlite3.Connection | None = None
+        self._writer_lost = False  # discarded after a failed rollback; reopened on demand
         # Reader connections: a pool that worker trips check out and back in, so that
         # closing never pulls a connection from under a running read.
         self._idle_readers: list[sqlite3.Connection] = []
@@ -149,7 +355,28 @@ class SQLiteStore:
     # ------------------------------------------------------------------ lifecycle
 
     async def open(self) -> None:
-        await run_in_thread(self._open_sync)
+        """Create or check the database; wait (cancellably, at most ``busy_timeout``)
+        while another process holds a lock that opening needs."""
+        opening = _Opening()
+        deadline = anyio.current_time() + self.busy_timeout
+        delay = 0.0002
+        try:
+            while not await run_in_thread(self._open_step, opening):
+                if anyio.current_time() >= deadline:
+                    raise StorageFailed(
+                        f"another process held a lock on {self.path} for "
+                        f"{self.busy_timeout:g} s, so it could not be opened",
+                        errno=errno.ETIMEDOUT,
+                    )
+                await anyio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.005)
+        except BaseException:
+            connection = opening.connection
+            if connection is not None:
+                with anyio.CancelScope(shield=True):
+                    await run_in_thread(connection.close)
+            raise
+        self._writer = opening.connection
 
     def _connect(self, *, busy_timeout: float | None = None) -> sqlite3.Connection:
         timeout = self.busy_timeout if busy_timeout is None else busy_timeout
@@ -159,6 +386,7 @@ class SQLiteStore:
             isolation_level=None,  # we issue BEGIN/COMMIT ourselves
             check_same_thread=False,
         )
+        connection.text_factory = _text
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             connection.execute("PRAGMA synchronous = FULL")
@@ -167,72 +395,125 @@ class SQLiteStore:
             raise
         return connection
 
-    def _open_sync(self) -> None:
+    def _open_step(self, opening: _Opening) -> bool:
+        """One try at opening; False when another process holds a lock it needs.
+
+        The writer connection never waits inside SQLite (busy timeout 0): ``open``
+        waits between tries on the event loop, where a cancel reaches it.
+        """
+        if not opening.prepared:
+            self._prepare()
+            opening.prepared = True
+        if opening.connection is None:
+            try:
+                opening.connection = self._connect(busy_timeout=0)
+            except sqlite3.Error as error:
+                raise _failure(f"cannot open {self.path}", error) from error
+        connection = opening.connection
+        try:
+            if not opening.checked:  # whose database is it? Read only, before any change
+                opening.complete = self._check_schema(connection)
+                opening.checked = True
+            if not opening.wal:
+                mode = connection.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    if str(mode).lower() != "wal":
+                        raise StorageFailed(f"{self.path}: cannot switch to WAL mode (got {mode})")
+                opening.wal = True
+            if not opening.complete:
+                self._migrate(connection)
+                opening.complete = True
+        except sqlite3.Error as error:
+            if _busy(error):
+                return False
+            raise _failure(f"{self.path} is not a usable SQLite database", error) from error
+        return True
+
+    def _prepare(self) -> None:
+        """Make the directory, check who may write there, create the file if absent."""
         directory = os.path.dirname(self.path)
         fs = FileSystem()
         try:
             make_dirs(directory, fs)
-            # Create the file ourselves so that it (and SQLite's -wal and -shm, which
-            # copy its mode) is private to the owner, and make its name durable.
-            created = not os.path.exists(self.path)
-            os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
-            if created:
-                sync_dir(fs, directory)
-        except OSError as error:
-            raise _fail(f"cannot create the journal database {self.path}", error) from error
-        try:
-            connection = self._connect()
-        except sqlite3.Error as error:
-            raise _fail(f"cannot open {self.path}", error) from error
-        try:
-            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise StorageFailed(f"{self.path}: cannot switch to WAL mode (got {mode})")
-            self._migrate(connection)
-            # From now on the writer never waits inside SQLite: see _lead.
-            connection.execute("PRAGMA busy_timeout = 0")
-        except sqlite3.Error as error:
-            connection.close()
-            raise _fail(f"{self.path} is not a usable SQLite database", error) from error
-        except BaseException:
-            connection.close()
+            if not self.trust_shared_root:
+                require_private(os.stat(directory), directory, "the journal's directory")
+            try:
+                info = os.stat(self.path)
+            except FileNotFoundError:
+                self._create(directory, fs)
+                info = os.stat(self.path)
+            if not stat.S_ISREG(info.st_mode):
+                raise StorageFailed(
+                    f"{self.path} is not a regular file, so it cannot be a journal database"
+                )
+            if not self.trust_shared_root:
+                require_private(info, self.path, "the journal database")
+        except StorageFailed:
             raise
-        self._writer = connection
+        except OSError as error:
+            raise _failure(f"cannot create the journal database {self.path}", error) from error
+
+    def _create(self, directory: str, fs: FileSystem) -> None:
+        """Create the database file 0600 (SQLite's -wal and -shm copy its mode), without
+        ever holding a descriptor of it: a private temp file is linked into place."""
+        temp = os.path.join(directory, f".{os.path.basename(self.path)}.{secrets.token_hex(8)}.new")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        os.close(os.open(temp, flags, 0o600))
+        try:
+            try:
+                os.link(temp, self.path, follow_symlinks=False)
+            except FileExistsError:
+                return  # another opener made it first; it made its name durable too
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+        sync_dir(fs, directory)
+
+    def _check_schema(self, connection: sqlite3.Connection) -> bool:
+        """Whose database this is, read only: True when it is a complete journal, False
+        when it is empty or a journal missing part of its schema; refused otherwise."""
+        entries = connection.execute("SELECT type, name FROM sqlite_master").fetchall()
+        names = {str(name) for _, name in entries if not str(name).startswith("sqlite_")}
+        tables = {str(name) for kind, name in entries if kind == "table"}
+        if not names:
+            return False
+        if "itemjournal_meta" not in tables:
+            shown = ", ".join(sorted(tables - _TABLES)) or ", ".join(sorted(names))
+            raise StorageFailed(
+                f"{self.path} is a SQLite database of something else "
+                f"(tables: {shown}); refusing to use it"
+            )
+        meta = dict(connection.execute("SELECT key, value FROM itemjournal_meta").fetchall())
+        if not meta and not tables - _TABLES:
+            return False  # our tables, never filled in: finish creating them
+        if meta.get("application") != APPLICATION:
+            raise StorageFailed(f"{self.path} was not made by itemjournal")
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            raise StorageFailed(
+                f"{self.path} has schema version {meta.get('schema_version')!r}; "
+                f"this itemjournal reads version {SCHEMA_VERSION}"
+            )
+        return tables >= _TABLES and names >= _INDEXES
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
-        """Create the schema, or check it is ours; idempotent, safe across processes."""
+        """Create what is missing of the schema; idempotent, safe across processes."""
         connection.execute("BEGIN IMMEDIATE")
         try:
-            tables = {
-                row[0]
-                for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            }
-            ours = {"itemjournal_meta", "itemjournal_records"}
-            if tables and not tables & ours:
-                raise StorageFailed(
-                    f"{self.path} is a SQLite database of something else "
-                    f"(tables: {', '.join(sorted(tables))}); refusing to use it"
-                )
+            self._check_schema(connection)  # again, now that no one else can write
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     connection.execute(statement)
-            meta = dict(connection.execute("SELECT key, value FROM itemjournal_meta").fetchall())
-            if not meta:
+            if not connection.execute("SELECT 1 FROM itemjournal_meta LIMIT 1").fetchone():
                 connection.executemany(
                     "INSERT INTO itemjournal_meta (key, value) VALUES (?, ?)",
                     [("application", APPLICATION), ("schema_version", str(SCHEMA_VERSION))],
                 )
-            elif meta.get("application") != APPLICATION:
-                raise StorageFailed(f"{self.path} was not made by itemjournal")
-            elif meta.get("schema_version") != str(SCHEMA_VERSION):
-                raise StorageFailed(
-                    f"{self.path} has schema version {meta.get('schema_version')!r}; "
-                    f"this itemjournal reads version {SCHEMA_VERSION}"
-                )
             connection.execute("COMMIT")
         except BaseException:
             if connection.in_transaction:
-                connection.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
             raise
 
     async def aclose(self) -> None:
@@ -258,10 +539,33 @@ class SQLiteStore:
     # ------------------------------------------------------------------ the seam
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        return await self._submit(_Operation.of(identity, step))
+
+    async def setting(self, name: str, value: str) -> str:
+        """The database's recorded value of ``name``; records ``value`` first if none is.
+
+        Kept in the meta table under ``setting.<name>``, apart from the keys that say
+        whose database it is. A recorded value is read without taking the write lock;
+        otherwise one write transaction (through the batch queue, so it waits for
+        another process's lock like every write) inserts it if still absent and reads
+        back the winner.
+        """
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidArgument("a setting's name and value are text", code="INVALID_ARGUMENT")
+        key = _SETTING_PREFIX + name
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        if self._closed:
+            raise StorageFailed(f"{self!r} is closed")
+        recorded = await run_in_thread(self._setting_sync, key)
+        if recorded is not None:
+            return recorded
+        operation: _Operation[str] = _Operation(key, setting=(key, value))
+        return await self._submit(operation)
+
+    async def _submit(self, operation: _Operation[T]) -> T:
         await anyio.lowlevel.checkpoint_if_cancelled()  # the only cancel point before queueing
         if self._closed:
             raise StorageFailed(f"{self!r} is closed")
-        operation: _Operation[T] = _Operation(identity, step)
         self._queue.append(operation)
         if not self._leading:
             self._leading = True
@@ -287,27 +591,28 @@ class SQLiteStore:
                 batch, self._queue = self._queue, []
                 for member in batch:
                     member.state = _TAKEN
-                began: list[bool] = []
                 busy = False
                 try:
-                    busy = await run_in_thread(self._run_batch, batch, began)
+                    busy = await run_in_thread(self._run_batch, batch)
                 finally:
-                    if began:
+                    if any(member.settled for member in batch):
                         for member in batch:
-                            if member.answer is _UNSET and member.error is None:
-                                member.error = StorageFailed("the batch holding this call failed")
+                            if not member.settled:  # pragma: no cover - the batch settles all
+                                member.fail(StorageFailed("the batch holding this call failed"))
                             member.state = _DONE
                             member.wake()
-                    elif not busy:  # cancelled before the batch began: give the rest back
+                    elif not busy:  # the trip never ran (cancelled first): give the rest back
                         self._give_back([m for m in batch if m is not operation])
                 if not busy:
                     continue
                 if anyio.current_time() >= deadline:
                     for member in batch:
-                        member.error = StorageFailed(
-                            f"another process held the write lock of {self.path} for "
-                            f"{self.busy_timeout:g} s",
-                            errno=errno.ETIMEDOUT,
+                        member.fail(
+                            StorageFailed(
+                                f"another process held the write lock of {self.path} for "
+                                f"{self.busy_timeout:g} s",
+                                errno=errno.ETIMEDOUT,
+                            )
                         )
                         member.state = _DONE
                         member.wake()
@@ -315,7 +620,7 @@ class SQLiteStore:
                 self._give_back(batch)
                 try:
                     await anyio.sleep(delay * (0.5 + random.random()))
-                except anyio.get_cancelled_exc_class():
+                except BaseException:
                     self._queue.remove(operation)
                     raise
                 delay = min(delay * 2, 0.005)
@@ -362,15 +667,20 @@ class SQLiteStore:
 
     async def scan(
         self, *, status: str | None = None, batch: int = 256
-    ) -> AsyncGenerator[Record | RecordInvalid, None]:
-        after = ""
-        while True:
-            rows = await run_in_thread(self._page_sync, after, batch, status)
-            for digest, item in rows:
-                after = digest
+    ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
+        """Every row, a page per worker trip; see ``Store.scan``.
+
+        A row that cannot be read comes as ``RecordInvalid`` (or, for an unexpected
+        error reading it, ``StorageFailed``). With ``status``, a row whose status SQL
+        cannot vouch for (see ``_SUSPECT_CONDITION``) is read too, so an unreadable one
+        comes whatever ``status`` asks. A page that cannot be read at all raises
+        ``StorageFailed``: the scan cannot go past it.
+        """
+        after: _Bound | None = _FIRST
+        while after is not None:
+            page, after = await run_in_thread(self._page_sync, after, batch, status)
+            for item in page:
                 yield item
-            if len(rows) < batch:
-                return
 
     # ------------------------------------------------------------------ worker-thread code
 
@@ -392,8 +702,13 @@ class SQLiteStore:
                 if connection is not None:
                     self._idle_readers.append(connection)
 
-    def _decode(self, digest: str, status: object, document: object) -> Record:
+    def _decode(self, digest: object, status: object, document: object) -> Record:
         location = f"{self.location}#{digest}"
+        if not isinstance(digest, str) or isinstance(digest, _Undecodable):
+            raise RecordInvalid(
+                f"record at {location} is stored under a key that is not a text digest",
+                location=location,
+            )
         if not isinstance(document, bytes):
             raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
         record = decode_record(document, digest, location=location)
@@ -405,121 +720,279 @@ class SQLiteStore:
             )
         return record
 
+    def _read_row(self, digest: object, status: object, document: object) -> Record:
+        """The row's record; ``RECORD_INVALID``, or for anything unexpected
+        ``STORAGE_FAILED``, about this row alone."""
+        try:
+            return self._decode(digest, status, document)
+        except RecordInvalid:
+            raise
+        except Exception as error:
+            raise _failure(f"cannot read the record at {self.location}#{digest}", error) from error
+
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         digest = identity_digest(identity)
         try:
             with self._reader() as reader:
-                row = reader.execute(
-                    "SELECT status, document FROM itemjournal_records WHERE digest = ?", (digest,)
-                ).fetchone()
+                row = reader.execute(_ROW, (digest,)).fetchone()
         except sqlite3.Error as error:
-            raise _fail(f"cannot read {self.location}", error) from error
-        record = None if row is None else self._decode(digest, row[0], row[1])
+            raise _failure(f"cannot read {self.location}", error) from error
+        record = None if row is None else self._read_row(digest, row[0], row[1])
         return view(record)
 
-    def _page_sync(
-        self, after: str, size: int, status: str | None
-    ) -> list[tuple[str, Record | RecordInvalid]]:
-        query = _page_query(status)
-        if query is None:
-            return []
+    def _setting_sync(self, key: str) -> str | None:
         try:
             with self._reader() as reader:
-                rows = reader.execute(query, (after, size)).fetchall()
+                row = reader.execute(
+                    "SELECT value FROM itemjournal_meta WHERE key = ?", (key,)
+                ).fetchone()
         except sqlite3.Error as error:
-            raise _fail(f"cannot read {self.location}", error) from error
-        page: list[tuple[str, Record | RecordInvalid]] = []
-        for digest, column, document in rows:
-            try:
-                page.append((digest, self._decode(digest, column, document)))
-            except RecordInvalid as error:
-                page.append((digest, error))
-        return page
+            raise _failure(f"cannot read the settings of {self.location}", error) from error
+        if row is None:
+            return None
+        return self._setting_value(key, row[0])
 
-    def _run_batch(self, batch: list[_Operation[Any]], began: list[bool]) -> bool:
-        """One transaction, one commit, for every operation of the batch.
+    def _setting_value(self, key: str, value: object) -> str:
+        if not isinstance(value, str) or isinstance(value, _Undecodable):
+            raise StorageFailed(f"the setting {key!r} in {self.location} is not readable text")
+        return value
+
+    def _page_sync(
+        self, after: _Bound, size: int, status: str | None
+    ) -> tuple[list[Record | RecordInvalid | StorageFailed], _Bound | None]:
+        """One page of a scan and where the next starts (None: this was the last)."""
+        rows: dict[tuple[bool, bytes], tuple[object, object, object]] = {}
+        parameter = after.raw
+        try:
+            with self._reader() as reader:
+                for query in _page_queries(status, after):
+                    for digest, column, document in reader.execute(query, (parameter, size)):
+                        rows.setdefault(_sort_key(digest), (digest, column, document))
+        except sqlite3.Error as error:
+            raise _failure(f"cannot read {self.location}", error) from error
+        keys = sorted(rows)[:size]  # the first ``size`` of each query's first ``size``
+        page: list[Record | RecordInvalid | StorageFailed] = []
+        for key in keys:
+            try:
+                record = self._read_row(*rows[key])
+            except (RecordInvalid, StorageFailed) as error:
+                page.append(error)
+                continue
+            if status is None or record.status == status:
+                page.append(record)
+        if len(keys) < size:
+            return page, None
+        blob, raw = keys[-1]
+        return page, _Bound(blob=blob, raw=raw, inclusive=False)
+
+    def _writer_for(self, batch: list[_Operation[Any]]) -> sqlite3.Connection | None:
+        """The writer connection; reopened if a failed rollback made us discard it."""
+        if self._writer is not None:
+            return self._writer
+        if not self._writer_lost or self._closed:
+            for operation in batch:
+                operation.fail(StorageFailed(f"{self!r} is closed"))
+            return None
+        try:
+            connection = self._connect(busy_timeout=0)
+        except sqlite3.Error as error:
+            for operation in batch:
+                operation.fail(
+                    _failure(
+                        f"cannot reopen {self.path} for writing, so nothing was written", error
+                    )
+                )
+            return None
+        self._writer, self._writer_lost = connection, False
+        return connection
+
+    def _run_batch(self, batch: list[_Operation[Any]]) -> bool:
+        """One transaction, one commit, for every operation of the batch; every member is
+        settled when it returns or raises (a ``BaseException`` that no step raised).
 
         Returns True, having done nothing, when another process holds the write lock.
         """
-        connection = self._writer
+        for operation in batch:
+            operation.reset()
+        connection = self._writer_for(batch)
         if connection is None:
-            for operation in batch:
-                operation.error = StorageFailed(f"{self!r} is closed")
-            began.append(True)
             return False
         try:
             connection.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as error:
-            code = getattr(error, "sqlite_errorcode", 0)
-            if isinstance(error, sqlite3.OperationalError) and code & 0xFF == sqlite3.SQLITE_BUSY:
+        except BaseException as error:
+            if _busy(error):
                 return True
-            self._fail_each(batch, f"cannot start a write transaction on {self.path}", error)
-            began.append(True)
+            self._abandon(
+                connection, batch, error, f"cannot start a write transaction on {self.path}"
+            )
             return False
-        began.append(True)
-        writes: list[_Operation[Any]] = []
+        written: set[str] = set()
         try:
             for operation in batch:
-                writes.append(operation)
-                if not self._run_one(connection, operation):
-                    writes.pop()
+                self._run_one(connection, operation, written)
+        except BaseException as error:
+            self._abandon(connection, batch, error, f"the write transaction on {self.path} failed")
+            return False
+        try:
             connection.execute("COMMIT")
-            self.commits += 1
-        except sqlite3.Error as error:
-            if connection.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.execute("ROLLBACK")
-            # Writes are lost with the transaction; so is any operation not yet run.
-            # Refusals and reads decided before the failure stay as they were.
-            lost = [
-                operation
-                for operation in batch
-                if operation in writes or (operation.answer is _UNSET and operation.error is None)
-            ]
-            for operation in lost:
-                operation.answer = _UNSET
-            self._fail_each(lost, f"cannot commit to {self.path}; nothing was written", error)
+        except BaseException as error:
+            self._commit_failed(connection, batch, error)
+            return False
+        self.commits += 1
+        for operation in batch:
+            operation.publish()
         return False
 
-    @staticmethod
-    def _fail_each(batch: list[_Operation[Any]], message: str, cause: sqlite3.Error) -> None:
-        """Give every caller its own error (their tracebacks and notes must not mix)."""
-        for operation in batch:
-            failure = _fail(message, cause)
-            failure.__cause__ = cause
-            operation.error = failure
+    def _run_one(
+        self, connection: sqlite3.Connection, operation: _Operation[Any], written: set[str]
+    ) -> None:
+        """Read, decide, write one operation inside the batch.
 
-    def _run_one(self, connection: sqlite3.Connection, operation: _Operation[Any]) -> bool:
-        """Read, decide, write one operation inside the batch; True when it wrote.
-
-        The step decides before anything of its own is written, so a refusal (or a bad
-        record) leaves nothing to undo and the batch's other operations stand; a failing
-        SQL statement fails the whole transaction instead (see ``_run_batch``).
+        The step decides before anything of its own is written, so a refusal (an
+        ``Exception`` from the step) or a row that cannot be read leaves nothing to undo
+        and the batch's other operations stand. A failing write statement, or a
+        ``BaseException`` from a step, raises: the whole transaction is given up (see
+        ``_abandon``).
         """
-        row = connection.execute(
-            "SELECT status, document FROM itemjournal_records WHERE digest = ?",
-            (operation.digest,),
-        ).fetchone()
+        operation.depends = operation.key in written
+        if operation.setting is not None:
+            self._run_setting(connection, operation, written)
+            return
+        assert operation.step is not None
         try:
-            current = None if row is None else self._decode(operation.digest, row[0], row[1])
+            row = connection.execute(_ROW, (operation.key,)).fetchone()
+        except sqlite3.Error as error:
+            if not connection.in_transaction or _primary_code(error) in _TRANSACTION_ERRORS:
+                raise
+            operation.pending = (
+                True,
+                _failure(
+                    f"cannot read the record of {list(operation.identity or ())} in "
+                    f"{self.path}, so nothing was written for this call",
+                    error,
+                ),
+            )
+            return
+        try:
+            current = None if row is None else self._read_row(operation.key, row[0], row[1])
             decision: Step[Any] = operation.step(current)
             data = None if decision.write is None else encode_record(decision.write)
-        except Exception as error:
-            operation.error = error
-            return False
+        except Exception as error:  # a refusal, or a record that cannot be read
+            operation.pending = (True, error)
+            return
+        except BaseException:
+            operation.culprit = True
+            raise
         if decision.delete:
-            connection.execute(
-                "DELETE FROM itemjournal_records WHERE digest = ?", (operation.digest,)
-            )
+            operation.wrote = True
+            connection.execute("DELETE FROM itemjournal_records WHERE digest = ?", (operation.key,))
         elif decision.write is not None:
+            operation.wrote = True
             connection.execute(
                 "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
                 "ON CONFLICT (digest) DO UPDATE SET "
                 "status = excluded.status, document = excluded.document",
-                (operation.digest, decision.write.status, data),
+                (operation.key, decision.write.status, data),
             )
-        else:
-            operation.answer = decision.answer
-            return False
-        operation.answer = decision.answer
-        return True
+        if operation.wrote:
+            written.add(operation.key)
+        operation.pending = (False, decision.answer)
+
+    def _run_setting(
+        self, connection: sqlite3.Connection, operation: _Operation[Any], written: set[str]
+    ) -> None:
+        assert operation.setting is not None
+        key, value = operation.setting
+        cursor = connection.execute(
+            "INSERT INTO itemjournal_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
+            (key, value),
+        )
+        operation.wrote = cursor.rowcount != 0
+        if operation.wrote:
+            written.add(key)
+        row = connection.execute("SELECT value FROM itemjournal_meta WHERE key = ?", (key,))
+        found = row.fetchone()
+        try:
+            operation.pending = (
+                False,
+                self._setting_value(key, None if found is None else found[0]),
+            )
+        except StorageFailed as error:
+            operation.pending = (True, error)
+
+    def _roll_back(self, connection: sqlite3.Connection) -> BaseException | None:
+        """End a failed transaction so that the writer is usable again; if that cannot be
+        done, discard the connection (closing it rolls back), to be reopened on demand.
+        Returns what the rollback raised, if anything."""
+        try:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            if not connection.in_transaction:
+                return None
+            failure: BaseException | None = None
+        except BaseException as error:
+            failure = error
+        self._writer, self._writer_lost = None, True
+        with contextlib.suppress(Exception):
+            connection.close()
+        return failure
+
+    def _abandon(
+        self,
+        connection: sqlite3.Connection,
+        batch: list[_Operation[Any]],
+        error: BaseException,
+        what: str,
+    ) -> None:
+        """The transaction failed before its commit: roll it back; every member whose
+        write (or whose read of a write) was lost, or that had not run, fails, and hears
+        that nothing was written (true: no commit was ever asked for). Members that were
+        refused, or that only read, keep their answers.
+
+        A ``BaseException`` that a step raised goes to that step's caller alone; one from
+        SQLite's side is raised again, to the leader, once every member is settled.
+        """
+        rollback_error = self._roll_back(connection)
+        culprit = next((member for member in batch if member.culprit), None)
+        for operation in batch:
+            if operation is culprit:
+                operation.fail(error)
+            elif operation.pending is None or operation.wrote or operation.depends:
+                if culprit is not None:
+                    failure = StorageFailed(
+                        f"another call in the same write transaction on {self.path} raised "
+                        f"{type(error).__name__}, so the transaction was rolled back and "
+                        f"nothing was written"
+                    )
+                    failure.__cause__ = error
+                else:
+                    failure = _failure(f"{what}, so nothing was written", error)
+                operation.fail(failure)
+            else:
+                operation.publish()
+        if culprit is None and not isinstance(error, Exception):
+            raise error
+        if rollback_error is not None and not isinstance(rollback_error, Exception):
+            raise rollback_error
+
+    def _commit_failed(
+        self, connection: sqlite3.Connection, batch: list[_Operation[Any]], error: BaseException
+    ) -> None:
+        """``COMMIT`` failed: the write-ahead log may hold the transaction (it would then
+        be replayed), so the writers' outcome is unknown, and said to be."""
+        rollback_error = self._roll_back(connection)
+        for operation in batch:
+            if operation.wrote or operation.depends:
+                operation.fail(
+                    _failure(
+                        f"the commit to {self.path} failed, so whether this call's write was "
+                        f"saved is unknown (the write-ahead log may hold it)",
+                        error,
+                    )
+                )
+            else:
+                operation.publish()
+        if not isinstance(error, Exception):
+            raise error
+        if rollback_error is not None and not isinstance(rollback_error, Exception):
+            raise rollback_error
