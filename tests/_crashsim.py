@@ -1,9 +1,10 @@
 """A crash simulator for the file store: record every call of a save, then rebuild what a
 power loss at any point could have left on disk.
 
-``RecordingFileSystem`` performs each call of the ``FileSystem`` seam for real and logs
-what it changed: which inode a name was created for, the bytes written at which offset,
-which file or directory was synced, what a link, rename or unlink did to which name.
+``RecordingFileSystem`` performs each call of the ``FileSystem`` seam for real (relative to
+a directory descriptor when the store passes ``dir_fd``) and logs what it changed: which
+inode a name was created for, the bytes written at which offset, which file or directory
+was synced, what a link, rename or unlink did to which name.
 
 ``crash_states(pre, ops)`` answers: the last durable image was ``pre``, then ``ops`` ran
 and the power went out. Which on-disk states can a reboot find? The model, deliberately
@@ -140,7 +141,12 @@ class RecordingFileSystem(FileSystem):
             log, self._log = self._log, []
             return log
 
-    def _rel(self, path: str) -> str:
+    def _rel(self, path: str, dir_fd: int | None = None) -> str:
+        """``path`` relative to the root; a name inside ``dir_fd`` when that is given."""
+        if dir_fd is not None:
+            with self._lock:
+                directory = self._dirs[dir_fd]
+            return os.path.normpath(os.path.join(directory, path))
         rel = os.path.relpath(os.path.normpath(path), self.root)
         if rel.startswith(".."):
             raise ValueError(f"{path} is outside the recorded root {self.root}")
@@ -151,11 +157,11 @@ class RecordingFileSystem(FileSystem):
 
     # ------------------------------------------------------------------ files
 
-    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
+    def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
         if flags & os.O_TRUNC or (flags & os.O_CREAT and not flags & os.O_EXCL):
             raise NotImplementedError("the simulator models O_CREAT|O_EXCL and plain opens")
-        fd = os.open(path, flags, mode)
-        rel = self._rel(path)
+        rel = self._rel(path, dir_fd)
+        fd = os.open(path, flags, mode, dir_fd=dir_fd)
         with self._lock:
             if flags & os.O_CREAT:
                 inode = self._next_inode
@@ -189,44 +195,50 @@ class RecordingFileSystem(FileSystem):
 
     # ------------------------------------------------------------------ names
 
-    def link(self, source: str, destination: str) -> None:
-        os.link(source, destination, follow_symlinks=False)
+    def link(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
+        src, dst = self._rel(source, dir_fd), self._rel(destination, dir_fd)
+        os.link(source, destination, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         with self._lock:
-            inode = self._names[self._rel(source)]
-            self._names[self._rel(destination)] = inode
-            self._add("link", path=self._rel(destination), source=self._rel(source), inode=inode)
+            inode = self._names[src]
+            self._names[dst] = inode
+            self._add("link", path=dst, source=src, inode=inode)
 
-    def replace(self, source: str, destination: str) -> None:
-        os.replace(source, destination)
+    def replace(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
+        src, dst = self._rel(source, dir_fd), self._rel(destination, dir_fd)
+        os.replace(source, destination, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         with self._lock:
-            src, dst = self._rel(source), self._rel(destination)
             inode = self._names.pop(src)
             self._names[dst] = inode
             self._add("rename", path=dst, source=src, inode=inode)
 
-    def unlink(self, path: str) -> None:
-        os.unlink(path)
+    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
+        rel = self._rel(path, dir_fd)
+        os.unlink(path, dir_fd=dir_fd)
         with self._lock:
-            rel = self._rel(path)
             self._add("unlink", path=rel, inode=self._names.pop(rel))
 
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
-        os.mkdir(path, mode)
+    def mkdir(self, path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
+        rel = self._rel(path, dir_fd)
+        os.mkdir(path, mode, dir_fd=dir_fd)
         with self._lock:
-            self._add("mkdir", path=self._rel(path))
+            self._add("mkdir", path=rel)
 
-    def rmdir(self, path: str) -> None:
-        os.rmdir(path)
+    def rmdir(self, path: str, *, dir_fd: int | None = None) -> None:
+        rel = self._rel(path, dir_fd)
+        os.rmdir(path, dir_fd=dir_fd)
         with self._lock:
-            self._add("rmdir", path=self._rel(path))
+            self._add("rmdir", path=rel)
 
     # ------------------------------------------------------------------ directories
 
-    def open_dir(self, path: str) -> int:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    def open_dir(
+        self, path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True
+    ) -> int:
+        rel = self._rel(path, dir_fd)
+        fd = super().open_dir(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
         with self._lock:
-            self._dirs[fd] = self._rel(path)
-            self._add("open_dir", path=self._dirs[fd])
+            self._dirs[fd] = rel
+            self._add("open_dir", path=rel)
         return fd
 
     def fsync_dir(self, fd: int) -> None:

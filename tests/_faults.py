@@ -5,7 +5,9 @@ through to ``os`` like the default ``FileSystem``, except for faults armed with 
 (method name, which occurrence, errno, how many times, optionally only for one path) and
 for short writes. It also remembers which open file each fd stood for, so a test can ask
 whether an fsync was ever repeated on a handle after it failed, even if the fd number has
-been reused since. Calls arrive from worker threads, hence the lock.
+been reused since. Calls made relative to a directory descriptor (``dir_fd``) are logged
+and matched by their full path (the directory's path joined with the name). Calls arrive
+from worker threads, hence the lock.
 """
 
 from __future__ import annotations
@@ -162,12 +164,26 @@ class FaultyFileSystem(FileSystem):
         with self._lock:
             self._handles.pop(fd, None)
 
+    def _at(self, path: str, dir_fd: int | None) -> str:
+        """The full path of ``path``, a name inside ``dir_fd`` when that is given."""
+        if dir_fd is None:
+            return path
+        with self._lock:
+            opened = self._handles.get(dir_fd)
+        directory = opened[1] if opened is not None else f"/proc/self/fd/{dir_fd}"
+        return os.path.join(directory, path)
+
     # ------------------------------------------------------------------ the seam
 
-    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        fd = self._run("open", path, None, lambda: FileSystem.open(self, path, flags, mode))
+    def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
+        fd = self._run(
+            "open",
+            self._at(path, dir_fd),
+            None,
+            lambda: FileSystem.open(self, path, flags, mode, dir_fd=dir_fd),
+        )
         assert isinstance(fd, int)
-        self._opened(fd, path)
+        self._opened(fd, self._at(path, dir_fd))
         return fd
 
     def write(self, fd: int, data: memoryview) -> int:
@@ -187,24 +203,58 @@ class FaultyFileSystem(FileSystem):
     def close(self, fd: int) -> None:
         self._close("close", fd)
 
-    def link(self, source: str, destination: str) -> None:
-        self._run("link", destination, None, lambda: FileSystem.link(self, source, destination))
-
-    def replace(self, source: str, destination: str) -> None:
+    def link(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
         self._run(
-            "replace",
-            destination,
+            "link",
+            self._at(destination, dir_fd),
             None,
-            lambda: FileSystem.replace(self, source, destination),
+            lambda: FileSystem.link(self, source, destination, dir_fd=dir_fd),
         )
 
-    def unlink(self, path: str) -> None:
-        self._run("unlink", path, None, lambda: FileSystem.unlink(self, path))
+    def replace(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
+        self._run(
+            "replace",
+            self._at(destination, dir_fd),
+            None,
+            lambda: FileSystem.replace(self, source, destination, dir_fd=dir_fd),
+        )
 
-    def open_dir(self, path: str) -> int:
-        fd = self._run("open_dir", path, None, lambda: FileSystem.open_dir(self, path))
+    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
+        self._run(
+            "unlink",
+            self._at(path, dir_fd),
+            None,
+            lambda: FileSystem.unlink(self, path, dir_fd=dir_fd),
+        )
+
+    def mkdir(self, path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
+        self._run(
+            "mkdir",
+            self._at(path, dir_fd),
+            None,
+            lambda: FileSystem.mkdir(self, path, mode, dir_fd=dir_fd),
+        )
+
+    def rmdir(self, path: str, *, dir_fd: int | None = None) -> None:
+        self._run(
+            "rmdir",
+            self._at(path, dir_fd),
+            None,
+            lambda: FileSystem.rmdir(self, path, dir_fd=dir_fd),
+        )
+
+    def open_dir(
+        self, path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True
+    ) -> int:
+        full = self._at(path, dir_fd)
+        fd = self._run(
+            "open_dir",
+            full,
+            None,
+            lambda: FileSystem.open_dir(self, path, dir_fd=dir_fd, follow_symlinks=follow_symlinks),
+        )
         assert isinstance(fd, int)
-        self._opened(fd, path)
+        self._opened(fd, full)
         return fd
 
     def fsync_dir(self, fd: int) -> None:

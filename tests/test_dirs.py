@@ -32,21 +32,23 @@ class Recording(FileSystem):
         self.race = race or {}  # path -> "dir" or "file": someone else makes it first
         self._paths: dict[int, str] = {}
 
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
+    def mkdir(self, path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
         self.calls.append(("mkdir", path))
         made = self.race.pop(path, None)
         if made == "dir":
             os.mkdir(path, 0o700)
         elif made == "file":
             Path(path).write_text("in the way")
-        super().mkdir(path, mode)
+        super().mkdir(path, mode, dir_fd=dir_fd)
 
-    def rmdir(self, path: str) -> None:
+    def rmdir(self, path: str, *, dir_fd: int | None = None) -> None:
         self.calls.append(("rmdir", path))
-        super().rmdir(path)
+        super().rmdir(path, dir_fd=dir_fd)
 
-    def open_dir(self, path: str) -> int:
-        fd = super().open_dir(path)
+    def open_dir(
+        self, path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True
+    ) -> int:
+        fd = super().open_dir(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
         self._paths[fd] = path
         self.calls.append(("open_dir", path))
         return fd

@@ -20,6 +20,7 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
+from itemjournal._records import Record
 from itemjournal._store import Step
 
 pytestmark = pytest.mark.anyio
@@ -79,11 +80,15 @@ class RivalLink(FileSystem):
         self.rival = rival
         self.fired = False
 
-    def link(self, source: str, destination: str) -> None:
+    def link(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
         if not self.fired:
             self.fired = True
-            Path(destination).write_bytes(self.rival)
-        super().link(source, destination)
+            fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+            try:
+                os.write(fd, self.rival)
+            finally:
+                os.close(fd)
+        super().link(source, destination, dir_fd=dir_fd)
 
 
 async def test_losing_a_create_race_re_reads_and_decides_again(root: Path, tmp_path: Path) -> None:
@@ -107,7 +112,7 @@ class Interrupting(FileSystem):
     def __getattribute__(self, name: str) -> object:
         if name == object.__getattribute__(self, "method"):
 
-            def interrupted(*args: object) -> None:
+            def interrupted(*args: object, **kwargs: object) -> None:
                 raise KeyboardInterrupt
 
             return interrupted
@@ -146,20 +151,20 @@ class Failing(FileSystem):
             self.budget[method] -= 1
             raise OSError(errno.EIO, f"injected {method} failure")
 
-    def unlink(self, path: str) -> None:
+    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
         if path.endswith(".json"):
             self._maybe_fail("unlink_record")
         else:
             self._maybe_fail("unlink_temp")
-        super().unlink(path)
+        super().unlink(path, dir_fd=dir_fd)
 
     def fsync_dir(self, fd: int) -> None:
         self._maybe_fail("fsync_dir")
         super().fsync_dir(fd)
 
-    def replace(self, source: str, destination: str) -> None:
+    def replace(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
         self._maybe_fail("replace")
-        super().replace(source, destination)
+        super().replace(source, destination, dir_fd=dir_fd)
 
 
 async def test_temp_that_cannot_be_unlinked_after_the_link_is_left_for_the_sweep(
@@ -177,6 +182,7 @@ async def test_directory_sync_failure_with_a_record_that_cannot_be_removed(root:
     store.fs = Failing(fsync_dir=1, unlink_record=1)
     with pytest.raises(StorageFailed) as caught:
         await journal.begin(ITEM, INPUTS, DEFINITION)
+    assert "stays at" in str(caught.value)
     assert "needs review" in str(caught.value)
     view = await journal.inspect(ITEM)
     assert view.status == "started"  # unowned but refusing: never a silent second run
@@ -184,13 +190,14 @@ async def test_directory_sync_failure_with_a_record_that_cannot_be_removed(root:
         await journal.begin(ITEM, INPUTS, DEFINITION)
 
 
-async def test_directory_sync_failure_twice_on_create(root: Path) -> None:
+async def test_directory_sync_failure_on_create_is_not_retried(root: Path) -> None:
     store, journal = await open_store(root)
     await journal.store.apply(ITEM, lambda current: Step(None, None))
     store.fs = Failing(fsync_dir=2)
     with pytest.raises(StorageFailed) as caught:
         await journal.begin(ITEM, INPUTS, DEFINITION)
-    assert "not known durable" in str(caught.value)
+    assert "durability unknown" in str(caught.value)  # the failed sync is not repeated
+    assert store.fs.budget["fsync_dir"] == 1
     assert (await journal.inspect(ITEM)).status == "absent"
 
 
@@ -236,10 +243,10 @@ async def test_delete_steps(root: Path) -> None:
 class VanishingRecord(FileSystem):
     """The record disappears (an outside hand) right before our unlink."""
 
-    def unlink(self, path: str) -> None:
+    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
         if path.endswith(".json"):
-            os.unlink(path)
-        super().unlink(path)
+            os.unlink(path, dir_fd=dir_fd)
+        super().unlink(path, dir_fd=dir_fd)
 
 
 async def test_delete_of_a_record_that_vanished_is_quiet(root: Path) -> None:
@@ -250,7 +257,7 @@ async def test_delete_of_a_record_that_vanished_is_quiet(root: Path) -> None:
 
 async def test_a_record_that_keeps_changing_gives_up(root: Path) -> None:
     class AlwaysRival(FileSystem):
-        def link(self, source: str, destination: str) -> None:
+        def link(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
             raise FileExistsError(errno.EEXIST, "someone else")
 
     _, journal = await open_store(root, AlwaysRival())
@@ -272,8 +279,9 @@ async def test_scan_reports_invalid_records_and_ignores_other_files(root: Path) 
     (root / "ab").mkdir(exist_ok=True)
     (root / "ab" / "notes.txt").write_text("not a record")
     seen = [item async for item in store.scan()]
-    good = [item for item in seen if not isinstance(item, RecordInvalid)]
+    good = [item for item in seen if isinstance(item, Record)]
     bad = [item for item in seen if isinstance(item, RecordInvalid)]
+    assert len(good) + len(bad) == len(seen)
     assert [record.identity for record in good] == [ITEM]
     assert sorted(error.location or "" for error in bad) == sorted(
         [str(store.path_for(OTHER)), str(misplaced)]
@@ -317,4 +325,5 @@ async def test_a_status_scan(root: Path) -> None:
     await journal.begin(OTHER, INPUTS, DEFINITION)
     await journal.complete(claim, "r")
     started = [r async for r in store.scan(status="started")]
-    assert [r.identity for r in started if not isinstance(r, RecordInvalid)] == [OTHER]
+    assert [r.identity for r in started if isinstance(r, Record)] == [OTHER]
+    assert len(started) == 1

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -57,7 +58,7 @@ OLD = 3600.0  # seconds: far beyond the default temp_grace of 60 s
 # ---------------------------------------------------------------------- helpers
 
 
-async def open_faulty(root: Path, **options: float) -> tuple[Journal, FileStore, FaultyFileSystem]:
+async def open_faulty(root: Path, **options: Any) -> tuple[Journal, FileStore, FaultyFileSystem]:
     """A journal whose store does every save through a ``FaultyFileSystem``."""
     fs = FaultyFileSystem()
     store = FileStore(str(root), fs=fs, **options)
@@ -414,7 +415,7 @@ async def test_open_keeps_an_old_temp_named_for_this_live_process(
 ) -> None:
     store = FileStore(str(root))
     fanout = store.path_for(IDENTITY).parent
-    name = await anyio.to_thread.run_sync(store._temp_name, str(fanout))
+    name = await anyio.to_thread.run_sync(store._temp_name)
     live = plant_temp(fanout, os.path.basename(name), age=OLD)
     assert _ANY_TEMP.fullmatch(live.name)
 

@@ -1061,14 +1061,18 @@ async def test_scan_and_sweep_report_every_hostile_entry_and_touch_none(
     fifos += list(scratch.glob("*/a-fifo"))
 
     with fifo_release(fifos) as hung:
-        seen = [item async for item in store.scan()]  # type: ignore[attr-defined]
-        swept = await journal.sweep()
+        seen = [item async for item in store.scan()]
+        report = await journal.sweep()
     assert not hung.is_set(), "a reader blocked on a FIFO"
+    swept = report.marked
 
     invalid = [item for item in seen if isinstance(item, RecordInvalid)]
     assert [item for item in seen if not isinstance(item, RecordInvalid)] == [orphaned]
     assert sorted(item.location or "" for item in invalid) == sorted(str(p) for p in traps)
     assert [(view.identity, view.status) for view in swept] == [(orphan, "needs_review")]
+    assert sorted(getattr(problem, "location", None) or "" for problem in report.problems) == (
+        sorted(str(p) for p in traps)
+    )
     assert [snapshot(path) for path in traps] == before
     assert temp_files(root) == []
 

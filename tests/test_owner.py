@@ -401,4 +401,4 @@ def test_open_sweeps_exactly_the_temps_of_gone_writers(tmp_path: Path) -> None:
     left = {kind for kind, name in names.items() if (fanout / name).exists()}
     assert left == {"live", "container"}
     prefix = f".{me}-{token(boot_id(), pid_namespace(), ticks)}-"
-    assert os.path.basename(store._temp_name(str(fanout))).startswith(prefix)
+    assert os.path.basename(store._temp_name()).startswith(prefix)

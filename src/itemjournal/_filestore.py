@@ -5,6 +5,14 @@ fan-out directory lives ``.lock``, a lock file that is never deleted; a lock on 
 byte of it per record serialises read-decide-write sequences across processes. Temp files are named
 ``.<pid>-<writer>-<random>.tmp``, ``<writer>`` naming the writing process exactly (boot,
 pid namespace, start ticks; see ``_writer_token``), so a sweep can tell whether it lives.
+The root holds the location's settings (``itemjournal.json``), changed only under a lock
+on ``root/.lock``, which is never deleted either.
+
+The root and every fan-out directory must be this user's alone (``_trust``), unless the
+store is made with ``trust_shared_root=True``. A fan-out directory is opened without
+following a symlink, and everything inside it is done relative to that descriptor
+(``dir_fd``), so a directory swapped for a symlink can neither be read through nor
+redirect a write outside the root.
 
 Every operation's disk work (lock, read, decide, write, sync) is one function run in
 one worker thread.
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import re
 import secrets
@@ -28,19 +37,22 @@ from typing import Any, Final, TypeVar
 import anyio
 
 from ._dirs import make_dirs, sync_dir
-from ._errors import RecordInvalid, StorageFailed
+from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
 from ._owner import local_process_space, own_process, process_alive
 from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import run_in_thread
+from ._trust import require_private
 
 __all__ = ["FileStore"]
 
 T = TypeVar("T")
 
 LOCK_NAME: Final = ".lock"
+SETTINGS_NAME: Final = "itemjournal.json"
+MAX_SETTINGS_BYTES: Final = 64 * 1024
 _TEMP = re.compile(r"\.(\d+)-(\d*)-[0-9a-f]{32}\.tmp")
 _FANOUT = re.compile(r"[0-9a-f]{2}")
 _RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json")
@@ -130,8 +142,88 @@ def _parse_writer_token(token: str) -> tuple[int, int, int] | None:
     return boot, namespace, ticks
 
 
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_FANOUT_FLAGS: Final = _DIR_FLAGS | os.O_NOFOLLOW
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LOCK_FLAGS: Final = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _what_is_at(path: str) -> str:
+    """A few words on the thing at ``path`` that is not a directory (for messages)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return "something other than a directory"
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink"
+    if stat.S_ISREG(info.st_mode):
+        return "a file"
+    return "something other than a directory"
+
+
+def _not_a_fanout(path: str, error: OSError) -> StorageFailed:
+    """The error for a fan-out name that cannot be opened as a directory of its own."""
+    if error.errno in (errno.ENOTDIR, errno.ELOOP):
+        return StorageFailed(
+            f"{path} is not a directory ({_what_is_at(path)} is in the way); the journal "
+            f"never follows a symlink there, so the records of this fan-out cannot be "
+            f"reached until it is repaired",
+            errno=error.errno,
+        )
+    return _fail(f"cannot open {path}", error)
+
+
+def _settings_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise ValueError(f"duplicate key {key!r}")
+        document[key] = value
+    return document
+
+
+def decode_settings(data: bytes, path: str) -> dict[str, str]:
+    """The settings of a settings document, read strictly; ``RECORD_INVALID`` otherwise."""
+    try:
+        document = json.loads(data.decode("utf-8"), object_pairs_hook=_settings_pairs)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise RecordInvalid(
+            f"the settings document {path} is not valid JSON ({error}); it is left as it is",
+            location=path,
+        ) from None
+    settings = document.get("settings") if isinstance(document, dict) else None
+    if (
+        not isinstance(document, dict)
+        or set(document) != {"application", "version", "settings"}
+        or document["application"] != "itemjournal"
+        or type(document["version"]) is not int
+        or document["version"] != 1
+        or not isinstance(settings, dict)
+        or not all(isinstance(value, str) for value in settings.values())
+    ):
+        raise RecordInvalid(
+            f"{path} is not an itemjournal settings document (expected "
+            f'{{"application": "itemjournal", "version": 1, "settings": {{...}}}}); '
+            f"it is left as it is",
+            location=path,
+        )
+    return dict(settings)
+
+
+def encode_settings(settings: dict[str, str]) -> bytes:
+    document = {"application": "itemjournal", "version": 1, "settings": settings}
+    return (json.dumps(document, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode()
+
+
 class FileStore:
-    """Record documents in a directory the caller owns and trusts."""
+    """Record documents in a directory the caller owns and trusts.
+
+    ``trust_shared_root=True`` skips the check that the root and its fan-out directories
+    are owned by this user and not writable by group or others. Only use it when every
+    user who can write there is trusted: such a user can move a record aside (a rerun
+    then claims the work again) or plant one (a rerun reuses a forged receipt).
+    """
 
     def __init__(
         self,
@@ -140,11 +232,10 @@ class FileStore:
         fs: FileSystem | None = None,
         lock_timeout: float = 30.0,
         temp_grace: float = 60.0,
+        trust_shared_root: bool = False,
     ) -> None:
         path = os.fspath(root)
         if not os.path.isabs(path):
-            from ._errors import InvalidArgument
-
             raise InvalidArgument(
                 f"the journal directory must be an absolute path, got {path!r}",
                 code="ABSOLUTE_ROOT_REQUIRED",
@@ -154,9 +245,12 @@ class FileStore:
         self.fs = fs if fs is not None else FileSystem()
         self.lock_timeout = lock_timeout
         self.temp_grace = temp_grace
-        self._known_dirs: set[str] = set()
+        self.trust_shared_root = trust_shared_root
+        self._known_dirs: set[str] = set()  # fan-outs whose entry in the root is synced
         self._temp_prefix: tuple[int, str] | None = None  # (pid, prefix with a known token)
         self._closed = False
+        self._in_flight = 0  # worker trips under way
+        self._idle: anyio.Event | None = None  # set when the last trip ends after aclose
 
     def __repr__(self) -> str:
         return f"FileStore({self.location!r})"
@@ -171,8 +265,9 @@ class FileStore:
     # ------------------------------------------------------------------ lifecycle
 
     async def open(self) -> None:
-        """Create the root if needed and sweep temp files no live writer can own."""
-        await run_in_thread(self._open_sync)
+        """Create the root if needed, check that it is this user's alone, and sweep temp
+        files no live writer can own."""
+        await self._trip(self._open_sync)
 
     def _open_sync(self) -> None:
         # Each missing component 0700, its parent synced after each mkdir. Through a plain
@@ -189,46 +284,108 @@ class FileStore:
         self.sweep_temps_sync()
 
     async def aclose(self) -> None:
-        """Refuse later calls (as every store does); a file store holds nothing open."""
+        """Refuse new calls, then wait for the calls under way (their worker trips) to end.
+
+        The wait is shielded: a cancelled ``aclose`` still returns only after every trip
+        under way has ended, and then lets the cancellation go on. A file store holds
+        nothing open between calls, so there is nothing else to release.
+        """
         self._closed = True
-        await anyio.lowlevel.checkpoint()
+        if not self._in_flight:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._idle is None:
+            self._idle = anyio.Event()
+        idle = self._idle
+        cancelled: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            while self._in_flight:
+                try:
+                    await idle.wait()
+                except anyio.get_cancelled_exc_class() as error:  # a native cancel
+                    cancelled = error
+        if cancelled is not None:
+            raise cancelled
 
     def _check_open(self) -> None:
         if self._closed:
             raise StorageFailed(f"{self!r} is closed")
 
+    async def _trip(self, function: Callable[..., T], *args: Any) -> T:
+        """One worker trip, counted so that ``aclose`` can wait for it."""
+        self._check_open()
+        self._in_flight += 1
+        try:
+            return await run_in_thread(function, *args)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
+
+    def _require_private(self, fd: int, path: str, what: str) -> None:
+        if not self.trust_shared_root:
+            require_private(os.fstat(fd), path, what)
+
     def sweep_temps_sync(self, now: float | None = None) -> list[str]:
-        """Remove temp files whose writer is gone and that are older than the grace period.
+        """Check the root and its fan-outs are private; remove temp files whose writer is
+        gone and that are older than the grace period.
 
         A temp file is only ever used for the few milliseconds of one save; its name
         carries its writer's pid and exact identity, so a live writer's file is never taken.
+        A fan-out name that is a symlink (or anything but a directory) is never followed:
+        nothing outside the root is listed or removed. The operations that need it fail.
         """
         now = time.time() if now is None else now
         removed: list[str] = []
         try:
-            fanouts = [e for e in os.scandir(self.root) if _FANOUT.fullmatch(e.name)]
+            root_fd = os.open(self.location, _DIR_FLAGS)
         except OSError as error:
-            raise _fail(f"cannot list {self.location}", error) from error
-        for fanout in fanouts:
+            raise _fail(f"cannot open {self.location}", error) from error
+        try:
+            self._require_private(root_fd, self.location, "the journal directory")
             try:
-                entries = list(os.scandir(fanout.path))
+                names = sorted(os.listdir(root_fd))
+            except OSError as error:
+                raise _fail(f"cannot list {self.location}", error) from error
+            removed += self._sweep_dir(root_fd, self.location, names, now)
+            for name in names:
+                if not _FANOUT.fullmatch(name):
+                    continue
+                directory = os.path.join(self.location, name)
+                try:
+                    fd = os.open(name, _FANOUT_FLAGS, dir_fd=root_fd)
+                except OSError:
+                    continue
+                try:
+                    self._require_private(fd, directory, "the fan-out directory")
+                    try:
+                        entries = sorted(os.listdir(fd))
+                    except OSError:
+                        continue
+                    removed += self._sweep_dir(fd, directory, entries, now)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(root_fd)
+        return removed
+
+    def _sweep_dir(self, dir_fd: int, directory: str, names: list[str], now: float) -> list[str]:
+        removed: list[str] = []
+        for name in names:
+            match = _TEMP.fullmatch(name)
+            if match is None:
+                continue
+            try:
+                age = now - os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mtime
             except OSError:
                 continue
-            for entry in entries:
-                match = _TEMP.fullmatch(entry.name)
-                if match is None:
-                    continue
-                try:
-                    age = now - entry.stat(follow_symlinks=False).st_mtime
-                except OSError:
-                    continue
-                if age < self.temp_grace or self._writer_lives(int(match[1]), match[2]):
-                    continue
-                try:
-                    os.unlink(entry.path)
-                except OSError:
-                    continue
-                removed.append(entry.path)
+            if age < self.temp_grace or self._writer_lives(int(match[1]), match[2]):
+                continue
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                continue
+            removed.append(os.path.join(directory, name))
         return removed
 
     @staticmethod
@@ -251,11 +408,34 @@ class FileStore:
     # ------------------------------------------------------------------ the seam
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
-        self._check_open()
+        return await self._locked(
+            f"the record lock of {list(identity)}", self._apply_sync, identity, step
+        )
+
+    async def setting(self, name: str, value: str) -> str:
+        """The location's recorded value of ``name``; records ``value`` first if none is.
+
+        Kept in ``root/itemjournal.json``, changed only under a lock on ``root/.lock`` and
+        written like a record (temp, fsync, link or replace, directory fsync), so of two
+        first openers one value wins and both are told which.
+        """
+        for what, text in (("name", name), ("value", value)):
+            if not isinstance(text, str) or (what == "name" and not text):
+                raise InvalidArgument(
+                    f"a setting's {what} is a non-empty string, not {text!r}",
+                    code="INVALID_ARGUMENT",
+                )
+        return await self._locked(
+            f"the settings lock of {self.location}", self._setting_sync, name, value
+        )
+
+    async def _locked(self, what: str, function: Callable[..., T | _Busy], *args: Any) -> T:
+        """Run a trip that takes a lock without blocking; while it is busy, retry after
+        cancellable sleeps, for at most ``lock_timeout`` seconds."""
         deadline: float | None = None
         delay = 0.0005
         while True:
-            result = await run_in_thread(self._apply_sync, identity, step)
+            result = await self._trip(function, *args)
             if not isinstance(result, _Busy):
                 return result
             now = anyio.current_time()
@@ -263,149 +443,286 @@ class FileStore:
                 deadline = now + self.lock_timeout
             elif now >= deadline:
                 raise StorageFailed(
-                    f"the record lock of {list(identity)} stayed held for {self.lock_timeout:g} s",
-                    errno=errno.ETIMEDOUT,
+                    f"{what} stayed held for {self.lock_timeout:g} s", errno=errno.ETIMEDOUT
                 )
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
-        self._check_open()
-        return await run_in_thread(self._peek_sync, identity, view)
+        return await self._trip(self._peek_sync, identity, view)
 
     async def scan(
         self, *, status: str | None = None, batch: int = 256
-    ) -> AsyncGenerator[Record | RecordInvalid, None]:
-        self._check_open()
-        paths = await run_in_thread(self._list_sync)
-        for start in range(0, len(paths), batch):
-            chunk = paths[start : start + batch]
-            for item in await run_in_thread(self._load_sync, chunk):
-                if status is None or isinstance(item, RecordInvalid) or item.status == status:
+    ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
+        """Every record, in batches; what cannot be read is yielded, never raised.
+
+        A record that cannot be read comes as ``RecordInvalid``; a fan-out name that cannot
+        be listed (not a directory, a symlink, shared with other users) as
+        ``StorageFailed``. Only a root that cannot be listed at all ends the scan (raised).
+        """
+        names, problems = await self._trip(self._list_sync)
+        for problem in problems:
+            yield problem
+        for start in range(0, len(names), batch):
+            chunk = names[start : start + batch]
+            for item in await self._trip(self._load_sync, chunk):
+                if status is None or not isinstance(item, Record) or item.status == status:
                     yield item
 
     # ------------------------------------------------------------------ worker-thread code
 
-    def _list_sync(self) -> list[str]:
-        """Paths of every file named like a record (the names say nothing else)."""
-        paths: list[str] = []
+    def _open_fanout_for_reading(self, directory: str) -> int | None:
+        """The fan-out's descriptor, checked; None when there is no such directory."""
         try:
-            fanouts = sorted(e.path for e in os.scandir(self.root) if _FANOUT.fullmatch(e.name))
-            for fanout in fanouts:
-                names = sorted(
-                    entry.name for entry in os.scandir(fanout) if _RECORD_NAME.fullmatch(entry.name)
-                )
-                paths.extend(os.path.join(fanout, name) for name in names)
+            fd = os.open(directory, _FANOUT_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise _not_a_fanout(directory, error) from error
+        try:
+            self._require_private(fd, directory, "the fan-out directory")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _list_sync(self) -> tuple[list[tuple[str, str]], list[StorageFailed]]:
+        """(fan-out, name) of every file named like a record, and the fan-outs that
+        could not be listed."""
+        found: list[tuple[str, str]] = []
+        problems: list[StorageFailed] = []
+        try:
+            fanouts = sorted(name for name in os.listdir(self.location) if _FANOUT.fullmatch(name))
         except OSError as error:
             raise _fail(f"cannot list the records in {self.location}", error) from error
-        return paths
-
-    def _load_sync(self, paths: list[str]) -> list[Record | RecordInvalid]:
-        loaded: list[Record | RecordInvalid] = []
-        for path in paths:
-            digest = os.path.basename(path)[:-5]
+        for fanout in fanouts:
+            directory = os.path.join(self.location, fanout)
             try:
-                data = self._read(path)
-                if data is None:  # removed since the listing
+                fd = self._open_fanout_for_reading(directory)
+                if fd is None:  # removed since the listing
                     continue
-                if os.path.basename(os.path.dirname(path)) != digest[:2]:
-                    raise RecordInvalid(
-                        f"record at {path} is in the wrong directory", location=path
-                    )
-                loaded.append(decode_record(data, digest, location=path))
-            except RecordInvalid as error:
-                loaded.append(error)
+                try:
+                    names = os.listdir(fd)
+                except OSError as error:
+                    raise _fail(f"cannot list {directory}", error) from error
+                finally:
+                    os.close(fd)
+            except StorageFailed as problem:
+                problems.append(problem)
+                continue
+            found.extend((fanout, name) for name in sorted(names) if _RECORD_NAME.fullmatch(name))
+        return found, problems
+
+    def _load_sync(
+        self, names: list[tuple[str, str]]
+    ) -> list[Record | RecordInvalid | StorageFailed]:
+        loaded: list[Record | RecordInvalid | StorageFailed] = []
+        fanout: str | None = None
+        fd: int | None = None
+        broken = False
+        try:
+            for prefix, name in names:
+                directory = os.path.join(self.location, prefix)
+                if prefix != fanout:
+                    if fd is not None:
+                        os.close(fd)
+                    fanout, fd, broken = prefix, None, False
+                    try:
+                        fd = self._open_fanout_for_reading(directory)
+                    except StorageFailed as problem:  # changed since the listing
+                        loaded.append(problem)
+                        broken = True
+                if broken or fd is None:
+                    continue
+                loaded.extend(self._load_one(fd, directory, name))
+        finally:
+            if fd is not None:
+                os.close(fd)
         return loaded
+
+    def _load_one(self, fd: int, directory: str, name: str) -> list[Record | RecordInvalid]:
+        path = os.path.join(directory, name)
+        digest = name[:-5]
+        try:
+            data = self._read(fd, name, path)
+            if data is None:  # removed since the listing
+                return []
+            if os.path.basename(directory) != digest[:2]:
+                raise RecordInvalid(f"record at {path} is in the wrong directory", location=path)
+            return [decode_record(data, digest, location=path)]
+        except RecordInvalid as error:
+            return [error]
+        except StorageFailed as error:  # unreadable: its status is unknown, like an invalid one
+            problem = RecordInvalid(
+                f"record at {path} cannot be read: {error.message}", location=path
+            )
+            problem.__cause__ = error.__cause__
+            return [problem]
 
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         digest = identity_digest(identity)
-        path = os.path.join(self.location, digest[:2], f"{digest}.json")
-        data = self._read(path)
+        directory = os.path.join(self.location, digest[:2])
+        name = f"{digest}.json"
+        path = os.path.join(directory, name)
+        data: bytes | None = None
+        fd = self._open_fanout_for_reading(directory)
+        if fd is not None:
+            try:
+                data = self._read(fd, name, path)
+            finally:
+                os.close(fd)
         record = None if data is None else decode_record(data, identity, location=path)
         return view(record)
 
     def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T | _Busy:
         digest = identity_digest(identity)
         directory = os.path.join(self.location, digest[:2])
-        target = os.path.join(directory, f"{digest}.json")
-        self._ensure_dir(directory)
-        try:
-            lock_fd = os.open(
-                os.path.join(directory, LOCK_NAME),
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-            )
-        except OSError as error:
-            raise _fail(f"cannot open the lock file in {directory}", error) from error
+        name = f"{digest}.json"
+        target = os.path.join(directory, name)
+        dir_fd = self._open_fanout_for_writing(digest[:2], directory)
         try:
             try:
-                if not try_lock_record(lock_fd, digest):
-                    return _BUSY
+                lock_fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
             except OSError as error:
-                raise _fail(f"cannot lock {target}", error) from error
-            for _ in range(8):
-                data = self._read(target)
-                current = None if data is None else decode_record(data, identity, location=target)
-                decision: Step[T] = step(current)
-                if decision.delete:
-                    if data is not None:
-                        self._delete(directory, target)
-                    return decision.answer
-                if decision.write is None:
-                    return decision.answer
-                encoded = encode_record(decision.write)
-                if len(encoded) > MAX_RECORD_BYTES:
-                    raise StorageFailed(
-                        f"the new record would exceed {MAX_RECORD_BYTES} bytes", errno=errno.EFBIG
-                    )
+                raise _fail(f"cannot open the lock file in {directory}", error) from error
+            try:
                 try:
-                    if data is None:
-                        self._create(directory, target, encoded)
-                    else:
-                        self._replace(directory, target, encoded, data)
-                except _LostRace:
-                    continue
-                return decision.answer
-            raise StorageFailed(f"{target} kept changing under the lock", errno=errno.EAGAIN)
+                    if not try_lock_record(lock_fd, digest):
+                        return _BUSY
+                except OSError as error:
+                    raise _fail(f"cannot lock {target}", error) from error
+                for _ in range(8):
+                    data = self._read(dir_fd, name, target)
+                    current = (
+                        None if data is None else decode_record(data, identity, location=target)
+                    )
+                    decision: Step[T] = step(current)
+                    if decision.delete:
+                        if data is not None:
+                            self._delete(dir_fd, directory, name)
+                        return decision.answer
+                    if decision.write is None:
+                        return decision.answer
+                    encoded = encode_record(decision.write)
+                    if len(encoded) > MAX_RECORD_BYTES:
+                        raise StorageFailed(
+                            f"the new record would exceed {MAX_RECORD_BYTES} bytes",
+                            errno=errno.EFBIG,
+                        )
+                    try:
+                        if data is None:
+                            self._create(dir_fd, directory, name, encoded, "record")
+                        else:
+                            self._replace(dir_fd, directory, name, encoded, "record")
+                    except _LostRace:
+                        continue
+                    return decision.answer
+                raise StorageFailed(f"{target} kept changing under the lock", errno=errno.EAGAIN)
+            finally:
+                os.close(lock_fd)  # also releases the lock
         finally:
-            os.close(lock_fd)  # also releases the lock
+            self._quietly(self.fs.close_dir, dir_fd)
 
-    def _ensure_dir(self, directory: str) -> None:
-        """Make sure the fan-out directory exists and its entry in the root is durable.
+    def _setting_sync(self, name: str, value: str) -> str | _Busy:
+        fs = self.fs
+        path = os.path.join(self.location, SETTINGS_NAME)
+        try:
+            root_fd = fs.open_dir(self.location)
+        except OSError as error:
+            raise _fail(f"cannot open {self.location}", error) from error
+        try:
+            try:
+                lock_fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=root_fd)
+            except OSError as error:
+                raise _fail(f"cannot open the lock file in {self.location}", error) from error
+            try:
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return _BUSY
+                except OSError as error:
+                    lock = os.path.join(self.location, LOCK_NAME)
+                    raise _fail(f"cannot lock {lock}", error) from error
+                for _ in range(8):
+                    data = self._read(root_fd, SETTINGS_NAME, path, MAX_SETTINGS_BYTES)
+                    settings = {} if data is None else decode_settings(data, path)
+                    if name in settings:
+                        # A writer may have died between its link and its directory sync:
+                        # make what this answer rests on durable before giving it.
+                        try:
+                            fs.fsync_dir(root_fd)
+                        except OSError as error:
+                            raise _fail(f"cannot sync {self.location}", error) from error
+                        return settings[name]
+                    encoded = encode_settings({**settings, name: value})
+                    try:
+                        if data is None:
+                            self._create(root_fd, self.location, SETTINGS_NAME, encoded, "document")
+                        else:
+                            self._replace(
+                                root_fd, self.location, SETTINGS_NAME, encoded, "document"
+                            )
+                    except _LostRace:
+                        continue
+                    return value
+                raise StorageFailed(f"{path} kept changing under the lock", errno=errno.EAGAIN)
+            finally:
+                os.close(lock_fd)  # also releases the lock
+        finally:
+            self._quietly(fs.close_dir, root_fd)
 
-        Done once per directory and store: also for a directory found existing, since a
-        process may have died between creating it and syncing the root.
+    def _open_fanout_for_writing(self, prefix: str, directory: str) -> int:
+        """The fan-out's descriptor (made if missing), checked, its entry in the root durable.
+
+        Opened without following a symlink, and checked on every operation, so a fan-out
+        swapped after first use is refused too. Its entry in the root is synced once per
+        directory and store: also for a directory found existing, since a process may have
+        died between creating it and syncing the root.
         """
-        if directory in self._known_dirs:
-            return
+        fs = self.fs
         created = False
         try:
-            self.fs.mkdir(directory, 0o700)
-            created = True
-        except FileExistsError:
+            fd = fs.open_dir(directory, follow_symlinks=False)
+        except FileNotFoundError:
             try:
-                info = os.lstat(directory)
+                fs.mkdir(directory, 0o700)
+                created = True
+            except FileExistsError:
+                pass
             except OSError as error:
-                raise _fail(f"cannot inspect {directory}", error) from error
-            if not stat.S_ISDIR(info.st_mode):
-                raise StorageFailed(
-                    f"{directory} is not a directory (a symlink or file is in the way)",
-                    errno=errno.ENOTDIR,
-                ) from None
+                raise _fail(f"cannot create {directory}", error) from error
+            try:
+                fd = fs.open_dir(directory, follow_symlinks=False)
+            except OSError as error:
+                raise _not_a_fanout(directory, error) from error
         except OSError as error:
-            raise _fail(f"cannot create {directory}", error) from error
+            raise _not_a_fanout(directory, error) from error
         try:
-            self._sync_dir(str(self.root))
-        except OSError as error:
-            if created:  # never build on an entry that is not known durable: take it back
-                self._quietly(self.fs.rmdir, directory)
-            raise _fail(f"cannot sync {self.location} for {directory}", error) from error
-        self._known_dirs.add(directory)
+            self._require_private(fd, directory, "the fan-out directory")
+            if prefix not in self._known_dirs:
+                try:
+                    self._sync_dir(self.location)
+                except OSError as error:
+                    if created:  # never build on an entry that is not known durable
+                        self._quietly(fs.rmdir, directory)
+                    raise _fail(
+                        f"cannot sync {self.location} after creating {directory}; "
+                        f"nothing was written in it",
+                        error,
+                    ) from error
+                self._known_dirs.add(prefix)
+        except BaseException:
+            self._quietly(fs.close_dir, fd)
+            raise
+        return fd
 
-    def _read(self, path: str) -> bytes | None:
-        """The record's bytes, None when absent; never follows a symlink, never blocks on a FIFO."""
+    def _read(
+        self, dir_fd: int, name: str, path: str, limit: int = MAX_RECORD_BYTES
+    ) -> bytes | None:
+        """The document's bytes, None when absent; never follows a symlink, never blocks
+        on a FIFO. ``name`` is inside the directory ``dir_fd``; ``path`` names it in errors."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError as error:
@@ -418,15 +735,15 @@ class FileStore:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise RecordInvalid(f"record at {path} is not a regular file", location=path)
-            if info.st_size > MAX_RECORD_BYTES:
+            if info.st_size > limit:
                 raise RecordInvalid(
-                    f"record at {path} has {info.st_size} bytes, more than {MAX_RECORD_BYTES}",
+                    f"record at {path} has {info.st_size} bytes, more than {limit}",
                     location=path,
                 )
             chunks: list[bytes] = []
             size = 0
-            while size <= MAX_RECORD_BYTES:
-                chunk = os.read(fd, MAX_RECORD_BYTES + 1 - size)
+            while size <= limit:
+                chunk = os.read(fd, limit + 1 - size)
                 if not chunk:
                     break
                 chunks.append(chunk)
@@ -437,7 +754,8 @@ class FileStore:
         finally:
             os.close(fd)
 
-    def _temp_name(self, directory: str) -> str:
+    def _temp_name(self) -> str:
+        """A new temp file name (no directory): ``.<pid>-<writer>-<random>.tmp``."""
         pid = os.getpid()
         if self._temp_prefix is not None and self._temp_prefix[0] == pid:
             prefix = self._temp_prefix[1]
@@ -446,16 +764,16 @@ class FileStore:
             prefix = f".{pid}-{token}-"
             if token:  # an unknown token is asked again next time, not kept for good
                 self._temp_prefix = (pid, prefix)
-        return os.path.join(directory, f"{prefix}{secrets.token_hex(16)}.tmp")
+        return f"{prefix}{secrets.token_hex(16)}.tmp"
 
-    def _write_temp(self, directory: str, data: bytes) -> str:
-        """A new temp file holding all of ``data``, synced and closed; removed on any failure."""
+    def _write_temp(self, dir_fd: int, directory: str, data: bytes) -> str:
+        """A new temp file in ``dir_fd`` holding all of ``data``, synced and closed; its
+        name. Removed again on any failure."""
         fs = self.fs
-        temp = self._temp_name(directory)
+        temp = self._temp_name()
+        where = os.path.join(directory, temp)
         try:
-            fd = fs.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
+            fd = fs.open(temp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
         except OSError as error:
             raise _fail(f"cannot create a temp file in {directory}", error) from error
         try:
@@ -468,102 +786,144 @@ class FileStore:
             fs.fsync(fd)
         except BaseException as error:
             self._quietly(fs.close, fd)
-            self._quietly(fs.unlink, temp)
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
             if isinstance(error, OSError):
-                raise _fail(f"cannot write {temp}", error) from error
+                raise _fail(f"cannot write {where}", error) from error
             raise
         try:
             fs.close(fd)
         except OSError as error:
-            self._quietly(fs.unlink, temp)
-            raise _fail(f"cannot close {temp}", error) from error
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
+            raise _fail(f"cannot close {where}", error) from error
         return temp
 
-    def _create(self, directory: str, target: str, data: bytes) -> None:
-        """Create-if-absent: temp → fsync → link (fails if the record exists) → dir fsync."""
+    def _drop(self, dir_fd: int, name: str) -> None:
+        """Unlink a temp name, trying twice; one that stays is left for the open-time sweep."""
+        if not self._quietly(self.fs.unlink, name, dir_fd=dir_fd):
+            self._quietly(self.fs.unlink, name, dir_fd=dir_fd)
+
+    def _create(self, dir_fd: int, directory: str, name: str, data: bytes, what: str) -> None:
+        """Create-if-absent: temp → fsync → link (fails if it exists) → directory fsync.
+
+        After a failed directory fsync the new entry is unlinked again, but that fsync is
+        never repeated (a failed fsync cannot be trusted to tell the truth a second time),
+        so the error says that what the disk holds is unknown.
+        """
         fs = self.fs
-        temp = self._write_temp(directory, data)
+        target = os.path.join(directory, name)
+        temp = self._write_temp(dir_fd, directory, data)
         try:
-            fs.link(temp, target)
+            fs.link(temp, name, dir_fd=dir_fd)
         except FileExistsError:
-            self._quietly(fs.unlink, temp)
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
             raise _LostRace() from None
         except OSError as error:
-            self._quietly(fs.unlink, temp)
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
             raise _fail(f"cannot create {target}", error) from error
         except BaseException:
-            self._quietly(fs.unlink, temp)
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
             raise
-        if not self._quietly(fs.unlink, temp):
-            self._quietly(fs.unlink, temp)  # a second link to the record; a sweep takes it later
+        self._drop(dir_fd, temp)  # if it stays, a second link to the new document
         try:
-            self._sync_dir(directory)
+            fs.fsync_dir(dir_fd)
         except OSError as error:
-            # The record is linked but may not survive a power loss: nothing may be
-            # acknowledged, so take it back rather than leave an unowned claim.
-            if self._quietly(fs.unlink, target):
-                try:
-                    self._sync_dir(directory)
-                    outcome = "the new record was removed again"
-                except OSError:
-                    outcome = "the new record was removed, but that removal is not known durable"
+            # The new entry may not survive a power loss: nothing may be acknowledged,
+            # so take it back (in memory at least) rather than leave an unowned claim.
+            if self._quietly(fs.unlink, name, dir_fd=dir_fd):
+                outcome = (
+                    f"the new {what} was unlinked again, but after a failed directory sync "
+                    f"what the disk holds is unknown (durability unknown): after a power "
+                    f"loss it may be back"
+                )
+                if what == "record":
+                    outcome += " as an unowned started record, which then needs review"
             else:
-                outcome = f"the new record stays at {target} unowned: it needs review"
+                outcome = (
+                    f"the new {what} stays at {target} unowned (durability unknown): "
+                    f"it needs review"
+                )
             raise _fail(
-                f"cannot sync {directory} after creating a record; {outcome}", error
+                f"cannot sync {directory} after creating {target}; {outcome}", error
             ) from error
 
-    def _replace(self, directory: str, target: str, data: bytes, previous: bytes) -> None:
-        """Replace: temp → fsync → rename over the record → dir fsync."""
+    def _replace(self, dir_fd: int, directory: str, name: str, data: bytes, what: str) -> None:
+        """Replace: temp → fsync → link the current version to a backup name → rename the
+        temp over it → directory fsync → unlink the backup.
+
+        The backup lets a failed directory fsync put the previous version back with one
+        rename, which needs no new descriptor (so even ``EMFILE`` cannot stop it). The
+        failed fsync is never repeated: the error says the outcome is unknown. A backup
+        left behind by a crash is a temp file of a dead writer, swept on open.
+        """
         fs = self.fs
-        temp = self._write_temp(directory, data)
+        target = os.path.join(directory, name)
+        temp = self._write_temp(dir_fd, directory, data)
+        backup = self._temp_name()
         try:
-            fs.replace(temp, target)
-        except OSError as error:
-            self._quietly(fs.unlink, temp)
-            raise _fail(f"cannot replace {target}", error) from error
-        except BaseException:
-            self._quietly(fs.unlink, temp)
+            fs.link(name, backup, dir_fd=dir_fd)
+        except BaseException as error:
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
+            if isinstance(error, OSError):
+                raise _fail(f"cannot keep the previous version of {target}", error) from error
             raise
         try:
-            self._sync_dir(directory)
+            fs.replace(temp, name, dir_fd=dir_fd)
+        except BaseException as error:
+            self._quietly(fs.unlink, temp, dir_fd=dir_fd)
+            self._drop(dir_fd, backup)
+            if isinstance(error, OSError):
+                raise _fail(f"cannot replace {target}", error) from error
+            raise
+        try:
+            fs.fsync_dir(dir_fd)
         except OSError as error:
             # The new version is in place but not known durable: put the previous one back.
             try:
-                restore = self._write_temp(directory, previous)
-                try:
-                    fs.replace(restore, target)
-                except OSError:
-                    self._quietly(fs.unlink, restore)
-                    raise
-                self._sync_dir(directory)
-                outcome = "the previous record was restored"
+                fs.replace(backup, name, dir_fd=dir_fd)
+                outcome = (
+                    f"the previous {what} was put back in place, but after a failed directory "
+                    f"sync what the disk holds is unknown (durability unknown): after a power "
+                    f"loss it may hold either version"
+                )
             except OSError:
-                outcome = "the record may hold either version; inspect it"
+                self._drop(dir_fd, backup)
+                outcome = (
+                    f"the new {what} is in place and may hold either version after a power "
+                    f"loss (durability unknown); inspect it"
+                )
             raise _fail(
                 f"cannot sync {directory} after replacing {target}; {outcome}", error
             ) from error
+        except BaseException:
+            self._drop(dir_fd, backup)
+            raise
+        self._drop(dir_fd, backup)
 
-    def _delete(self, directory: str, target: str) -> None:
-        """Remove a record: unlink → dir fsync."""
+    def _delete(self, dir_fd: int, directory: str, name: str) -> None:
+        """Remove a record: unlink → directory fsync."""
+        target = os.path.join(directory, name)
         try:
-            self.fs.unlink(target)
+            self.fs.unlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             return
         except OSError as error:
             raise _fail(f"cannot remove {target}", error) from error
         try:
-            self._sync_dir(directory)
+            self.fs.fsync_dir(dir_fd)
         except OSError as error:
-            raise _fail(f"removed {target}, but cannot sync {directory}", error) from error
+            raise _fail(
+                f"removed {target}, but cannot sync {directory}: whether the removal is on "
+                f"disk is unknown (durability unknown)",
+                error,
+            ) from error
 
     def _sync_dir(self, directory: str) -> None:
         sync_dir(self.fs, directory)
 
     @staticmethod
-    def _quietly(call: Callable[..., Any], *args: Any) -> bool:
+    def _quietly(call: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
         try:
-            call(*args)
+            call(*args, **kwargs)
         except OSError:
             return False
         return True
