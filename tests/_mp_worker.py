@@ -9,6 +9,11 @@ Modes:
                                     claims with a slow fsync, logging each acknowledgement;
                                     on "wait PID" reap it and print its status
   hold ROOT BACKEND ITEM            claim ITEM, print "held", then wait on stdin
+  contend ROOT BACKEND              for each line "N" on stdin: connect to the SQLite
+                                    database with plain sqlite3 and close again (as any
+                                    other program might), then open the journal, try to
+                                    begin ("mp", "locks", "held", "iN") and print the
+                                    outcome as a JSON line
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import sys
 import time
 from typing import Any
@@ -159,6 +165,30 @@ async def hold(root: str, number: str) -> None:
     await anyio.to_thread.run_sync(sys.stdin.readline)
 
 
+async def contend(root: str) -> None:
+    database = root[len("sqlite://") :]
+    while line := await anyio.to_thread.run_sync(sys.stdin.readline):
+        n = int(line)
+        outcome: dict[str, str] = {}
+        try:
+            for _ in range(3):  # a plain connection, opened and closed again
+                connection = sqlite3.connect(database)
+                connection.execute("SELECT count(*) FROM itemjournal_records").fetchone()
+                connection.close()
+            journal = await Journal.open(root)
+            try:
+                result = await journal.begin(("mp", "locks", "held", f"i{n}"), INPUTS, DEFINITION)
+                outcome["answer"] = type(result).__name__
+            except ConflictError as error:
+                outcome["answer"] = error.code
+            finally:
+                await journal.aclose()
+        except Exception as error:
+            outcome["answer"] = "error"
+            outcome["error"] = f"{type(error).__name__}: {error}"
+        print(json.dumps(outcome), flush=True)
+
+
 def main(argv: list[str]) -> None:
     mode, root, backend, *rest = argv
     runs: dict[str, Any] = {
@@ -168,6 +198,7 @@ def main(argv: list[str]) -> None:
         ),
         "zygote": lambda: zygote(root, backend, rest[0]),
         "hold": lambda: anyio.run(hold, root, rest[0], backend=backend),
+        "contend": lambda: anyio.run(contend, root, backend=backend),
     }
     runs[mode]()
 

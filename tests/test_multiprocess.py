@@ -185,13 +185,15 @@ async def test_sigkill_at_random_moments(
         if record.status == "started":
             started.append(record.identity)
             assert (await journal.inspect(record.identity)).owner_alive is False
-    swept = await journal.sweep()
+    report = await journal.sweep()
+    assert report.problems == ()
+    swept = report.marked
     assert sorted(view.identity for view in swept) == sorted(started)
     for view in swept:
         assert view.status == "needs_review"
         assert view.review_reason == "owner process gone"
         assert view.history[-1].event == "sweep"
-    assert await journal.sweep() == []
+    assert (await journal.sweep()).marked == ()
     print(
         f"\n{store_kind}: {kills} SIGKILLs: {len(acks)} acknowledgements kept, {records} valid "
         f"records, {temps_before} temp files swept, {len(swept)} dead claims marked for review"
@@ -206,7 +208,7 @@ async def test_a_live_owners_claim_is_never_swept(location: str, anyio_backend: 
     assert other.stdout is not None
     assert other.stdout.readline().strip() == "held"
     try:
-        assert await journal.sweep() == []
+        assert (await journal.sweep()).marked == ()
         theirs = await journal.inspect(("mp", "live", "owner", "theirs"))
         assert theirs.status == "started"
         assert theirs.owner_alive is True
@@ -216,7 +218,7 @@ async def test_a_live_owners_claim_is_never_swept(location: str, anyio_backend: 
     finally:
         finish(other, "\n")
     # Now the owner is gone: the same call takes its claim, and only its claim.
-    swept = await journal.sweep()
+    swept = (await journal.sweep()).marked
     assert [view.identity.item for view in swept] == ["theirs"]
     assert (await journal.inspect(mine.identity)).status == "started"
 
@@ -230,7 +232,7 @@ async def test_owner_elsewhere_is_unknown_not_dead(root: Path) -> None:
     document["owner"]["host"] = "another-host.example"
     path.write_text(json.dumps(document))
     assert (await journal.inspect(claim.identity)).owner_alive is None
-    assert await journal.sweep() == []
+    assert (await journal.sweep()).marked == ()
 
 
 def neighbour_of(digest: str) -> Identity:

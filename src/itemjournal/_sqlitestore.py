@@ -61,12 +61,15 @@ _SETTING_PREFIX: Final = "setting."  # settings share the meta table with the ke
 _OPEN: Final = ("started", "needs_review")  # the statuses in the partial index
 _OPEN_CONDITION: Final = "status IN ('started', 'needs_review')"
 _DOCUMENT_TEXT: Final = "CAST(document AS TEXT)"
-# A row whose status SQL cannot vouch for: the status column is not a known status, or
-# the document is not a blob, not JSON, or names another status. Such a row belongs in
-# every status scan (its true status is unknown); its own partial index, empty while
-# the journal is healthy, finds it without reading every document.
+# A row whose status SQL cannot vouch for: its key is not a digest, its status column
+# is not a known status, or its document is not a blob, not JSON, or names another
+# status. Such a row belongs in every status scan (its true status is unknown); its own
+# partial index, empty while the journal is healthy, finds it without reading every
+# document.
 _SUSPECT_CONDITION: Final = (
-    "typeof(status) != 'text' "
+    "typeof(digest) != 'text' OR length(CAST(digest AS BLOB)) != 64 "
+    "OR digest GLOB '*[^0-9a-f]*' "
+    "OR typeof(status) != 'text' "
     f"OR status NOT IN ({', '.join(repr(s) for s in _STATUSES)}) "
     "OR typeof(document) != 'blob' "
     f"OR CASE WHEN json_valid({_DOCUMENT_TEXT}) "
@@ -182,9 +185,11 @@ def _page_queries(status: str | None, after: _Bound) -> list[str]:
     """The SQL of one page of a scan (parameters: bound, page size), one or two queries.
 
     The open statuses (what sweeps and review queues look for) have a partial index
-    (status, digest); SQLite uses it when the query repeats the index's condition. A
-    status scan also reads the suspect rows (their own partial index), since a row whose
-    status cannot be vouched for belongs in every status scan.
+    (status, digest); SQLite uses it when the query repeats the index's condition. Their
+    scans also read the suspect rows (through their own partial index): a row whose
+    status cannot be vouched for belongs in every status scan. Any other status has no
+    index, so its scan reads every row (``_page_sync`` keeps the wanted status and every
+    row that cannot be read).
     """
     columns = "SELECT digest, status, document FROM itemjournal_records"
     bound = f"digest {'>=' if after.inclusive else '>'} {'?' if after.blob else 'CAST(? AS TEXT)'}"
@@ -200,9 +205,7 @@ def _page_queries(status: str | None, after: _Bound) -> list[str]:
             f"AND status = '{status}' AND {tail}",
             suspect,
         ]
-    if status in _STATUSES:
-        return [f"{columns} WHERE status = '{status}' AND {tail}", suspect]
-    return [suspect]  # no record has that status; only the unreadable ones may
+    return [f"{columns} WHERE {tail}"]
 
 
 class _Operation(Generic[T]):
@@ -671,10 +674,14 @@ class SQLiteStore:
         """Every row, a page per worker trip; see ``Store.scan``.
 
         A row that cannot be read comes as ``RecordInvalid`` (or, for an unexpected
-        error reading it, ``StorageFailed``). With ``status``, a row whose status SQL
-        cannot vouch for (see ``_SUSPECT_CONDITION``) is read too, so an unreadable one
-        comes whatever ``status`` asks. A page that cannot be read at all raises
-        ``StorageFailed``: the scan cannot go past it.
+        error reading it, ``StorageFailed``). A scan of ``succeeded``, ``released`` (or
+        any status without an index) reads every row, so it returns every unreadable
+        one. A scan of an open status (``started``, ``needs_review``) reads that
+        status's rows through its index, and with them every row whose status SQL
+        cannot vouch for (see ``_SUSPECT_CONDITION``); a row whose digest, status column
+        and document status all agree on another status, but that is invalid in some
+        other way, is left to the scans of that status and the full scan. A page that
+        cannot be read at all raises ``StorageFailed``: the scan cannot go past it.
         """
         after: _Bound | None = _FIRST
         while after is not None:
