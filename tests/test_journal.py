@@ -341,20 +341,27 @@ async def test_inputs_are_never_stored_in_plain_text(journal: Journal, root: Pat
 
 
 async def test_keyed_and_plain_journals_do_not_mistake_each_other(
-    make_journal: JournalFactory,
+    make_journal: JournalFactory, location: str
 ) -> None:
     keyed = await make_journal(input_key=b"k" * 32)
-    plain = await make_journal()
-    other_key = await make_journal(input_key=b"o" * 32)
     assert keyed.input_kind.startswith("hmac-sha256:")
     claim = await keyed.begin(ITEM, INPUTS, V1)
     assert isinstance(claim, Claim)
     assert claim.input_hash != input_digest(INPUTS)
     await keyed.complete(claim, "ch_1")
     assert isinstance(await keyed.begin(ITEM, INPUTS, V1), Reuse)
+    await expect("INPUT_CHANGED", keyed.begin(ITEM, {"amount": "1"}, V1))
+    # The location itself refuses another kind at open...
+    for other in (None, b"o" * 32):
+        with pytest.raises(ConflictError) as refused:
+            await Journal.open(location, input_key=other)
+        assert refused.value.code == "INPUT_KEY_MISMATCH"
+    # ...and each record still names its own kind, for a journal made over the store
+    # directly (or a location older than its recorded kind).
+    plain = Journal(keyed.store)
+    other_key = Journal(keyed.store, input_key=b"o" * 32)
     await expect("INPUT_KEY_MISMATCH", plain.begin(ITEM, INPUTS, V1))
     await expect("INPUT_KEY_MISMATCH", other_key.begin(ITEM, INPUTS, V1))
-    await expect("INPUT_CHANGED", keyed.begin(ITEM, {"amount": "1"}, V1))
 
 
 async def test_bad_input_key_is_refused_before_touching_disk(root: Path) -> None:
