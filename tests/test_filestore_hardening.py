@@ -929,3 +929,127 @@ async def test_open_sweeps_a_dead_writers_settings_temp_in_the_root(
     await anyio.to_thread.run_sync(plant_old, stale, b"half")
     await open_store(root)
     assert not stale.exists()
+
+
+# ---------------------------------------------------------------------- more failure paths
+
+
+async def test_complete_whose_backup_link_fails_changes_nothing(
+    anyio_backend: str, root: Path
+) -> None:
+    fs = FaultyFileSystem()
+    store = await open_store(root, fs)
+    journal = Journal(store)
+    claim = await begun(journal)
+    record = store.path_for(IDENTITY)
+    before = await anyio.to_thread.run_sync(record.read_bytes)
+    fs.fail("link", error=errno.EMLINK)
+
+    with pytest.raises(StorageFailed) as caught:
+        await journal.complete(claim, "ch_1")
+
+    assert caught.value.errno == errno.EMLINK
+    assert "previous version" in str(caught.value)
+    assert not fs.named("replace")  # nothing was renamed over the record
+    assert await anyio.to_thread.run_sync(record.read_bytes) == before
+    assert temp_files(root) == []
+    assert (await journal.complete(claim, "ch_1")).status == "succeeded"
+    assert temp_files(root) == []  # the backup of a successful replace is gone too
+
+
+class InterruptedDirectorySync(FaultyFileSystem):
+    """The directory fsync after the rename is interrupted (a signal handler raising)."""
+
+    def fsync_dir(self, fd: int) -> None:
+        if self.named("replace"):
+            raise KeyboardInterrupt
+        super().fsync_dir(fd)
+
+
+async def test_an_interrupted_directory_sync_leaves_no_backup_behind(
+    anyio_backend: str, root: Path
+) -> None:
+    fs = InterruptedDirectorySync()
+    store = await open_store(root, fs)
+    journal = Journal(store)
+    claim = await begun(journal)
+    with pytest.raises(KeyboardInterrupt):
+        await journal.complete(claim, "ch_1")
+    assert temp_files(root) == []
+
+
+async def test_a_fanout_that_cannot_be_created_is_storage_failed(
+    anyio_backend: str, root: Path
+) -> None:
+    fs = FaultyFileSystem()
+    store = await open_store(root, fs)
+    fs.fail("mkdir", error=errno.ENOSPC)
+    with pytest.raises(StorageFailed) as caught:
+        await Journal(store).begin(IDENTITY, INPUTS, DEFINITION)
+    assert caught.value.errno == errno.ENOSPC
+    assert await anyio.to_thread.run_sync(os.listdir, root) == []
+
+
+async def test_a_fanout_swapped_for_a_symlink_during_a_scan_is_reported(
+    anyio_backend: str, root: Path, tmp_path: Path
+) -> None:
+    store = await open_store(root)
+    journal = Journal(store)
+    crowd = identities(4)
+    for identity in crowd:
+        await begun(journal, identity)
+    fanouts = sorted({fanout_of(identity) for identity in crowd})
+    last = root / fanouts[-1]
+    outside = private_dir(tmp_path / "outside")
+
+    def swap() -> None:
+        last.rename(root / "moved-aside")
+        last.symlink_to(outside)
+
+    scan = store.scan(batch=1)
+    seen: list[object] = [await scan.__anext__()]  # listed everything, read one record
+    await anyio.to_thread.run_sync(swap)
+    seen += [item async for item in scan]
+
+    problems = [item for item in seen if not isinstance(item, Record)]
+    assert len(problems) == 1
+    assert isinstance(problems[0], StorageFailed)
+    assert str(last) in str(problems[0])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_natively_cancelled_aclose_waits_then_stays_cancelled(
+    anyio_backend: str, root: Path
+) -> None:
+    import asyncio
+
+    fs = Blocking()
+    store = await open_store(root, fs)
+    journal = Journal(store)
+    begin = asyncio.ensure_future(begun(journal))
+    await anyio.to_thread.run_sync(fs.entered.wait)
+    closing = asyncio.ensure_future(store.aclose())
+    try:
+        await anyio.wait_all_tasks_blocked()
+        closing.cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert not closing.done(), "a cancelled aclose returned before the call ended"
+    finally:
+        fs.release.set()
+    await begin
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert fs.trip_done.is_set()
+
+
+async def test_a_setting_whose_sync_fails_on_reading_is_storage_failed(
+    anyio_backend: str, root: Path
+) -> None:
+    fs = FaultyFileSystem()
+    store = await open_store(root, fs)
+    await store.setting("k", "v")
+    fs.fail("fsync_dir", path=root)
+    with pytest.raises(StorageFailed) as caught:
+        await store.setting("k", "other")
+    assert caught.value.errno == errno.EIO
+    assert await store.setting("k", "other") == "v"

@@ -644,7 +644,9 @@ class FileStore:
                     lock = os.path.join(self.location, LOCK_NAME)
                     raise _fail(f"cannot lock {lock}", error) from error
                 for _ in range(8):
-                    data = self._read(root_fd, SETTINGS_NAME, path, MAX_SETTINGS_BYTES)
+                    data = self._read(
+                        root_fd, SETTINGS_NAME, path, MAX_SETTINGS_BYTES, "settings document"
+                    )
                     settings = {} if data is None else decode_settings(data, path)
                     if name in settings:
                         # A writer may have died between its link and its directory sync:
@@ -655,13 +657,9 @@ class FileStore:
                             raise _fail(f"cannot sync {self.location}", error) from error
                         return settings[name]
                     encoded = encode_settings({**settings, name: value})
+                    save = self._create if data is None else self._replace
                     try:
-                        if data is None:
-                            self._create(root_fd, self.location, SETTINGS_NAME, encoded, "document")
-                        else:
-                            self._replace(
-                                root_fd, self.location, SETTINGS_NAME, encoded, "document"
-                            )
+                        save(root_fd, self.location, SETTINGS_NAME, encoded, "settings document")
                     except _LostRace:
                         continue
                     return value
@@ -717,7 +715,12 @@ class FileStore:
         return fd
 
     def _read(
-        self, dir_fd: int, name: str, path: str, limit: int = MAX_RECORD_BYTES
+        self,
+        dir_fd: int,
+        name: str,
+        path: str,
+        limit: int = MAX_RECORD_BYTES,
+        what: str = "record",
     ) -> bytes | None:
         """The document's bytes, None when absent; never follows a symlink, never blocks
         on a FIFO. ``name`` is inside the directory ``dir_fd``; ``path`` names it in errors."""
@@ -728,16 +731,16 @@ class FileStore:
         except OSError as error:
             if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
                 raise RecordInvalid(
-                    f"record at {path} is not a regular file ({error.strerror})", location=path
+                    f"{what} at {path} is not a regular file ({error.strerror})", location=path
                 ) from None
             raise _fail(f"cannot open {path}", error) from error
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
-                raise RecordInvalid(f"record at {path} is not a regular file", location=path)
+                raise RecordInvalid(f"{what} at {path} is not a regular file", location=path)
             if info.st_size > limit:
                 raise RecordInvalid(
-                    f"record at {path} has {info.st_size} bytes, more than {limit}",
+                    f"{what} at {path} has {info.st_size} bytes, more than {limit}",
                     location=path,
                 )
             chunks: list[bytes] = []
