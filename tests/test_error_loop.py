@@ -14,12 +14,18 @@ After every attempt:
   injected errno and left the record byte-identical; one that returned left the new
   state on disk, and the seam log shows the new bytes were fsynced before the link or
   rename and the directory was fsynced after it;
-* the record is intact (a strict read accepts it);
+* the record is intact (a strict read accepts it, with the decode cache cleared first,
+  as a new process would read it);
 * no file descriptor leaked (``/proc/self/fd`` counted before and after);
 * no temp file is left, except one whose removal itself failed (only possible when the
   faults persist: the store cannot unlink what the disk refuses to unlink);
 * a failed fsync is never followed by another fsync of the same open file;
 * after a transient fault, the same operation retried without faults succeeds.
+
+The clean run that ends each loop is held to the same promises: the new state, made
+durable before it was acknowledged, no temp file, no descriptor leaked. A sweep reports a
+record it could not mark rather than raising; the loop raises that report's error, so a
+sweep is checked like the other operations.
 
 The one outcome that is not "as before" is documented in ``docs/durability.md``: when
 the faults persist from the directory fsync after a link or rename onwards, the store
@@ -33,27 +39,41 @@ import errno
 import json
 import os
 import re
+import secrets
 import shutil
+import subprocess
+import sys
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from types import AsyncGeneratorType
+from typing import Any
 
 import anyio.to_thread
 import pytest
 from _faults import FaultyFileSystem
 
+import itemjournal
 from itemjournal import (
     Claim,
     FileStore,
     FileSystem,
     Identity,
     Journal,
+    RecordInvalid,
     RecordView,
     StorageFailed,
     definition_digest,
 )
+from itemjournal._filestore import (
+    _BOOT_DIGITS,
+    _NAMESPACE_DIGITS,
+    _parse_writer_token,
+    _writer_token,
+)
+from itemjournal._records import Record, clear_decode_cache
 
 pytestmark = pytest.mark.anyio
 
@@ -61,6 +81,7 @@ IDENTITY = Identity("shop", "billing", "charge", "order-1")
 INPUTS = {"amount": "10"}
 DEFINITION = definition_digest("v1")
 DEAD_PID = 2**22 + 1  # above the largest Linux pid_max: no such process
+BOUND = 10.0  # seconds a child process is given to start or end
 _TEMP = re.compile(r"\..*\.tmp")
 
 ERRNOS = {
@@ -92,7 +113,9 @@ class NthCallFaults(FileSystem):
 
     ``fault`` is an errno name, or ``short-write`` / ``zero-write``: then only write
     calls are counted, and the chosen ones write half their bytes, or none. A failing
-    close still releases the descriptor, as Linux does.
+    close still releases the descriptor, as Linux does. A call made relative to a
+    directory descriptor (``dir_fd``) is logged by its full path: the directory's path
+    joined with the name.
     """
 
     nth: int
@@ -155,12 +178,24 @@ class NthCallFaults(FileSystem):
         with self._lock:
             self._handles.pop(fd, None)
 
-    # the seam ----------------------------------------------------------
+    def _at(self, path: str, dir_fd: int | None) -> str:
+        """The full path of ``path``, a name inside the directory ``dir_fd`` when given."""
+        if dir_fd is None:
+            return path
+        with self._lock:
+            opened = self._handles.get(dir_fd)
+        directory = opened[1] if opened is not None else f"/proc/self/fd/{dir_fd}"
+        return os.path.join(directory, path)
 
-    def open(self, path: str, flags: int, mode: int = 0o600) -> int:
-        fd = self._call("open", lambda: os.open(path, flags, mode), path=path)
+    # the seam (every call passes through to FileSystem unless it is the one to fail) --
+
+    def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
+        full = self._at(path, dir_fd)
+        fd = self._call(
+            "open", lambda: FileSystem.open(self, path, flags, mode, dir_fd=dir_fd), path=full
+        )
         assert isinstance(fd, int)
-        return self._opened(fd, path)
+        return self._opened(fd, full)
 
     def write(self, fd: int, data: memoryview) -> int:
         if self.fault in SHORT:
@@ -170,53 +205,71 @@ class NthCallFaults(FileSystem):
                 if self.fault == "zero-write":
                     return 0
                 data = data[: max(1, len(data) // 2)]
-        written = self._call("write", lambda: os.write(fd, data), fd=fd)
+        written = self._call("write", lambda: FileSystem.write(self, fd, data), fd=fd)
         assert isinstance(written, int)
         return written
 
     def fsync(self, fd: int) -> None:
-        self._call("fsync", lambda: os.fsync(fd), fd=fd)
+        self._call("fsync", lambda: FileSystem.fsync(self, fd), fd=fd)
 
     def close(self, fd: int) -> None:
-        self._call("close", lambda: os.close(fd), fd=fd)
+        self._call("close", lambda: FileSystem.close(self, fd), fd=fd)
         self._forget(fd)
 
-    def link(self, source: str, destination: str) -> None:
+    def link(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
         self._call(
             "link",
-            lambda: os.link(source, destination, follow_symlinks=False),
-            path=destination,
-            source=source,
+            lambda: FileSystem.link(self, source, destination, dir_fd=dir_fd),
+            path=self._at(destination, dir_fd),
+            source=self._at(source, dir_fd),
         )
 
-    def replace(self, source: str, destination: str) -> None:
+    def replace(self, source: str, destination: str, *, dir_fd: int | None = None) -> None:
         self._call(
-            "replace", lambda: os.replace(source, destination), path=destination, source=source
+            "replace",
+            lambda: FileSystem.replace(self, source, destination, dir_fd=dir_fd),
+            path=self._at(destination, dir_fd),
+            source=self._at(source, dir_fd),
         )
 
-    def unlink(self, path: str) -> None:
-        self._call("unlink", lambda: os.unlink(path), path=path)
+    def unlink(self, path: str, *, dir_fd: int | None = None) -> None:
+        self._call(
+            "unlink",
+            lambda: FileSystem.unlink(self, path, dir_fd=dir_fd),
+            path=self._at(path, dir_fd),
+        )
 
-    def mkdir(self, path: str, mode: int = 0o700) -> None:
-        self._call("mkdir", lambda: os.mkdir(path, mode), path=path)
+    def mkdir(self, path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
+        self._call(
+            "mkdir",
+            lambda: FileSystem.mkdir(self, path, mode, dir_fd=dir_fd),
+            path=self._at(path, dir_fd),
+        )
 
-    def rmdir(self, path: str) -> None:
-        self._call("rmdir", lambda: os.rmdir(path), path=path)
+    def rmdir(self, path: str, *, dir_fd: int | None = None) -> None:
+        self._call(
+            "rmdir",
+            lambda: FileSystem.rmdir(self, path, dir_fd=dir_fd),
+            path=self._at(path, dir_fd),
+        )
 
-    def open_dir(self, path: str) -> int:
+    def open_dir(
+        self, path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True
+    ) -> int:
+        full = self._at(path, dir_fd)
         fd = self._call(
             "open_dir",
-            lambda: os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC),
-            path=path,
+            lambda: FileSystem.open_dir(self, path, dir_fd=dir_fd, follow_symlinks=follow_symlinks),
+            path=full,
         )
         assert isinstance(fd, int)
-        return self._opened(fd, path)
+        return self._opened(fd, full)
 
     def fsync_dir(self, fd: int) -> None:
-        self._call("fsync_dir", lambda: os.fsync(fd), fd=fd)
+        self._call("fsync_dir", lambda: FileSystem.fsync_dir(self, fd), fd=fd)
 
     def close_dir(self, fd: int) -> None:
-        self._call("close_dir", lambda: os.close(fd), fd=fd)
+        self._call("close_dir", lambda: FileSystem.close_dir(self, fd), fd=fd)
         self._forget(fd)
 
     # queries -----------------------------------------------------------
@@ -270,11 +323,14 @@ class ScanTracking(FileStore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.scans: list[AsyncGenerator[object, None]] = []
+        self.scans: list[AsyncGeneratorType[Any, None]] = []
 
-    def scan(self, *, status: str | None = None, batch: int = 256) -> AsyncIterator[Any]:
+    def scan(
+        self, *, status: str | None = None, batch: int = 256
+    ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
         generator = super().scan(status=status, batch=batch)
-        self.scans.append(cast(AsyncGenerator[object, None], generator))
+        assert isinstance(generator, AsyncGeneratorType)
+        self.scans.append(generator)
         return generator
 
     async def close_scans(self) -> bool:
@@ -351,9 +407,17 @@ async def resolve(journal: Journal, claim: Claim | None) -> object:
 
 
 async def sweep(journal: Journal, claim: Claim | None) -> object:
-    swept = await journal.sweep()
-    assert [view.identity for view in swept] == [IDENTITY]
-    return swept
+    """A sweep reports what it could not do rather than raising: raise it here, so that
+    the loop checks it like any other operation's failure."""
+    report = await journal.sweep()
+    if report.problems:
+        [problem] = report.problems
+        assert isinstance(problem, StorageFailed), problem
+        assert report.marked == ()
+        raise problem
+    [view] = report.marked
+    assert view.identity == IDENTITY
+    return view
 
 
 OPERATIONS = [
@@ -419,14 +483,18 @@ async def attempt(
         outcome = await operation.run(journal, claim)
     except StorageFailed as caught:
         error = caught
-    # Every scan must be closed by now (test_a_failing_sweep_closes_its_scan checks the
-    # sweep itself); closing again is harmless.
+    # Every scan must be closed by now (test_a_sweep_meeting_a_failing_write_closes_its_scan
+    # checks the sweep itself); closing again is harmless.
     await store.close_scans()
     after = await anyio.to_thread.run_sync(read, record)
     leaked = open_fds() - fds
     temps = await anyio.to_thread.run_sync(temps_in, root)
-    if not fs.fired:
+    if not fs.fired:  # the clean run: the same promises hold without a fault
         assert error is None, error
+        assert leaked == 0 and temps == [], (leaked, temps)
+        clear_decode_cache()
+        assert (await Journal(FileStore(str(root))).inspect(IDENTITY)).status == operation.status
+        assert fs.durable_before_acknowledged(str(record)) == []
         return False
 
     loop.attempts += 1
@@ -444,7 +512,9 @@ async def attempt(
     if stray or (temps and not fs.persistent):
         problem(f"temp files left behind: {temps}")
 
-    # the record must read strictly, whatever happened
+    # the record must read strictly, whatever happened, as a new process reads it: the
+    # writer's decode cache must not answer for bytes the strict reader never saw
+    clear_decode_cache()
     checker = Journal(FileStore(str(root)))
     try:
         view = await checker.inspect(IDENTITY)
@@ -470,6 +540,7 @@ async def attempt(
         if not fs.persistent and after == before:
             # transient: the disk is fine again, so the same call now simply works
             await operation.run(checker, claim)
+            clear_decode_cache()
             if (await checker.inspect(IDENTITY)).status != operation.status:
                 problem("the retry after a transient fault did not reach the new state")
     else:
@@ -489,8 +560,9 @@ async def attempt(
 
 async def run_loops(operation: Operation, workdir: Path) -> tuple[Loop, int]:
     template = workdir / "template"
-    setup_journal = Journal(FileStore(str(template)))
-    await setup_journal.store.open()  # type: ignore[attr-defined]
+    setup_store = FileStore(str(template))
+    await setup_store.open()
+    setup_journal = Journal(setup_store)
     claim = await operation.setup(setup_journal, template)
     loop = Loop()
     clean_calls = 0
@@ -532,8 +604,128 @@ async def test_every_failing_call_of_an_operation_acknowledges_nothing_false(
     assert loop.injected >= calls * len(ERRNOS) * 2
 
 
+# ---------------------------------------------------------------------- temp files and writers
+
+
+_WRITER = """
+import os, sys
+from itemjournal._filestore import _writer_token
+print(os.getpid(), _writer_token(), flush=True)
+sys.stdin.read()
+"""
+
+
+@dataclass
+class Writer:
+    """Another process, named as a writer names itself in its temp files."""
+
+    process: subprocess.Popen[str]
+    pid: int
+    token: str
+
+    def end(self) -> None:
+        """Let it exit, and reap it: from then on it is surely gone."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        assert self.process.wait(BOUND) == 0
+
+
+@pytest.fixture
+def writer() -> Iterator[Writer]:
+    """A live process of this host, boot and pid namespace; ``end()`` ends it."""
+    source = os.path.dirname(os.path.dirname(itemjournal.__file__))
+    path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WRITER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    try:
+        assert process.stdout is not None
+        pid, token = process.stdout.readline().split()
+        assert int(pid) == process.pid
+        yield Writer(process, process.pid, token)
+    finally:
+        process.kill()
+        process.wait(BOUND)
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def temp_name(pid: int, token: str) -> str:
+    return f".{pid}-{token}-{secrets.token_hex(16)}.tmp"
+
+
+def names_in(directory: Path) -> set[str]:
+    return {path.name for path in directory.iterdir() if _TEMP.fullmatch(path.name)}
+
+
+def plant(directory: Path, names: list[str]) -> None:
+    for name in names:
+        (directory / name).write_bytes(b'{"version": 1, "identity": ["shop", "bil')
+
+
+def age(directory: Path, names: list[str], seconds: float) -> None:
+    then = time.time() - seconds
+    for name in names:
+        os.utime(directory / name, (then, then))
+
+
+async def test_open_sweeps_a_temp_only_when_its_writer_is_surely_gone(
+    anyio_backend: str, root: Path, writer: Writer
+) -> None:
+    """Each temp name below reaches one branch of the writer check, by construction."""
+    store = FileStore(str(root))
+    await store.open()
+    journal = Journal(store)
+    await started(journal, root)
+    fanout = store.path_for(IDENTITY).parent
+    mine = await anyio.to_thread.run_sync(_writer_token)
+    head = _BOOT_DIGITS + _NAMESPACE_DIGITS
+    boot, namespace = mine[:_BOOT_DIGITS], mine[_BOOT_DIGITS:head]
+    other_boot = f"{(int(boot) + 1) % 2**128:0{_BOOT_DIGITS}d}{mine[_BOOT_DIGITS:]}"
+    other_namespace = f"{boot}{int(namespace) % (2**64 - 2) + 1:0{_NAMESPACE_DIGITS}d}0"
+    assert other_namespace[_BOOT_DIGITS:head] != namespace
+    for token in (mine, writer.token, other_boot, other_namespace):
+        assert _parse_writer_token(token) is not None, token  # well-formed
+    assert _parse_writer_token("1") is None
+
+    kept = {
+        "this process": temp_name(os.getpid(), mine),
+        "another live writer": temp_name(writer.pid, writer.token),
+        "a writer in another pid namespace": temp_name(DEAD_PID, other_namespace),
+        "an unnamed writer whose pid lives": temp_name(os.getpid(), ""),
+    }
+    swept = {
+        # the pid lives: only the token can condemn these
+        "a token no writer makes": temp_name(os.getpid(), "1"),
+        "a writer of an earlier boot": temp_name(os.getpid(), other_boot),
+        "an unnamed writer whose pid is gone": temp_name(DEAD_PID, ""),
+    }
+    every = [*kept.values(), *swept.values()]
+    await anyio.to_thread.run_sync(plant, fanout, every)
+
+    await FileStore(str(root)).open()  # all younger than the grace period: all kept
+    assert await anyio.to_thread.run_sync(names_in, fanout) == set(every)
+
+    await anyio.to_thread.run_sync(age, fanout, every, 3600)
+    await FileStore(str(root)).open()
+    assert await anyio.to_thread.run_sync(names_in, fanout) == set(kept.values())
+
+    # The same writer, once it has exited: its token still parses, its process is gone.
+    await anyio.to_thread.run_sync(writer.end)
+    await FileStore(str(root)).open()
+    del kept["another live writer"]
+    assert await anyio.to_thread.run_sync(names_in, fanout) == set(kept.values())
+    clear_decode_cache()
+    assert (await journal.inspect(IDENTITY)).status == "started"
+
+
 async def test_a_temp_that_cannot_be_removed_after_the_link_stays_harmless(
-    anyio_backend: str, root: Path
+    anyio_backend: str, root: Path, writer: Writer
 ) -> None:
     """The documented leftover: the record is linked and durable, the temp name is not gone.
 
@@ -557,18 +749,24 @@ async def test_a_temp_that_cannot_be_removed_after_the_link_stays_harmless(
     assert (await journal.complete(claim, "ch_1")).status == "succeeded"
     assert not os.path.samefile(temp, record)
     assert status_of(await anyio.to_thread.run_sync(read, Path(temp))) == "started"
+    clear_decode_cache()
     assert (await journal.inspect(IDENTITY)).receipt == "ch_1"
 
     await FileStore(str(root), temp_grace=0).open()  # its writer (this process) lives: kept
-    assert os.path.exists(temp)
-    dead = re.sub(r"/\.\d+-\d*-", f"/.{DEAD_PID}-1-", temp)
-    await anyio.to_thread.run_sync(os.rename, temp, dead)
+    assert await anyio.to_thread.run_sync(temps_in, root) == [temp]
+    # The same file, as if another writer had left it, which then exited.
+    await anyio.to_thread.run_sync(writer.end)
+    orphaned_temp = os.path.join(os.path.dirname(temp), temp_name(writer.pid, writer.token))
+    await anyio.to_thread.run_sync(os.rename, temp, orphaned_temp)
     await FileStore(str(root), temp_grace=0).open()  # its writer is gone: swept
     assert await anyio.to_thread.run_sync(temps_in, root) == []
+    clear_decode_cache()
     assert (await journal.inspect(IDENTITY)).receipt == "ch_1"
 
 
-async def test_a_failing_sweep_closes_its_scan(anyio_backend: str, root: Path) -> None:
+async def test_a_sweep_meeting_a_failing_write_closes_its_scan(
+    anyio_backend: str, root: Path
+) -> None:
     fs = FaultyFileSystem()
     store = ScanTracking(str(root), fs=fs)
     await store.open()
@@ -576,8 +774,11 @@ async def test_a_failing_sweep_closes_its_scan(anyio_backend: str, root: Path) -
     await orphaned(journal, root)
     fs.fail("fsync")
 
-    with pytest.raises(StorageFailed):
-        await journal.sweep()
+    report = await journal.sweep()
 
+    assert report.marked == ()
+    [problem] = report.problems
+    assert isinstance(problem, StorageFailed)
+    assert problem.errno == errno.EIO
     assert len(store.scans) == 1
     assert await store.close_scans(), "sweep left the scan generator open"

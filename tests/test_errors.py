@@ -1,21 +1,28 @@
-"""The error family: stable codes, the right built-in bases, pickling."""
+"""The error family: stable codes, the right built-in bases, pickling, and a store's
+failure chained to the operating system's error that caused it."""
 
 from __future__ import annotations
 
 import errno
 import os
 import pickle
+from pathlib import Path
 
+import anyio.to_thread
 import pytest
 
 from itemjournal import (
     ConflictError,
+    Identity,
     InvalidArgument,
+    Journal,
     JournalError,
     RecordInvalid,
     StorageFailed,
     UnresolvedClaim,
+    definition_digest,
 )
+from itemjournal._identity import identity_digest
 
 
 def test_codes_and_bases() -> None:
@@ -53,12 +60,60 @@ def test_errors_survive_pickling(error: JournalError) -> None:
     assert getattr(copy, "errno", None) == getattr(error, "errno", None)
 
 
-def test_storage_failed_chains_its_cause() -> None:
+IDENTITY = Identity("shop", "billing", "charge", "order-1")
+DEFINITION = definition_digest("billing-v1")
+IN_THE_WAY = b"a regular file, not a directory\n"
+
+
+def assert_chains_the_os_error(error: StorageFailed, code: int, filename: str) -> None:
+    """``error`` is the store's, and its cause is the operating system's own error."""
+    cause = error.__cause__
+    assert isinstance(cause, OSError), repr(cause)
+    assert not isinstance(cause, JournalError), repr(cause)  # the OS error, not a rewrap
+    assert cause.errno == code, cause
+    assert cause.filename == filename, cause
+    assert error.errno == code
+    assert error.strerror == os.strerror(code)
+    assert error.code == "STORAGE_FAILED"
+
+
+@pytest.fixture
+def fanout_in_the_way(root: Path) -> Path:
+    """A journal root in which IDENTITY's fan-out name is taken by a regular file."""
+    root.mkdir(mode=0o700)
+    fanout = root / identity_digest(IDENTITY)[:2]
+    fanout.write_bytes(IN_THE_WAY)
+    return fanout
+
+
+@pytest.mark.anyio
+async def test_a_failed_save_chains_the_os_error(
+    anyio_backend: str, root: Path, fanout_in_the_way: Path
+) -> None:
+    journal = await Journal.open(str(root))
     try:
-        try:
-            raise OSError(errno.EIO, "Input/output error")
-        except OSError as cause:
-            raise StorageFailed("cannot write", errno=cause.errno) from cause
-    except StorageFailed as error:
-        assert isinstance(error.__cause__, OSError)
-        assert error.errno == errno.EIO
+        with pytest.raises(StorageFailed) as caught:
+            await journal.begin(IDENTITY, {}, DEFINITION)
+    finally:
+        await journal.aclose()
+
+    assert_chains_the_os_error(caught.value, errno.ENOTDIR, str(fanout_in_the_way))
+    assert str(fanout_in_the_way) in str(caught.value)
+    assert await anyio.to_thread.run_sync(fanout_in_the_way.read_bytes) == IN_THE_WAY
+
+
+@pytest.mark.anyio
+async def test_a_failed_open_chains_the_os_error(
+    anyio_backend: str, tmp_path: Path, store_kind: str
+) -> None:
+    """Every store: a location below a regular file cannot be made, and says why."""
+    blocker = tmp_path / "blocker"
+    await anyio.to_thread.run_sync(blocker.write_bytes, IN_THE_WAY)
+    directory = blocker / "journal"
+    location = f"sqlite://{directory}/journal.db" if store_kind == "sqlite" else str(directory)
+
+    with pytest.raises(StorageFailed) as caught:
+        await Journal.open(location)
+
+    assert_chains_the_os_error(caught.value, errno.ENOTDIR, str(directory))
+    assert await anyio.to_thread.run_sync(blocker.read_bytes) == IN_THE_WAY

@@ -87,7 +87,9 @@ def test_bad_inputs(inputs: object) -> None:
 
 
 def test_input_limits_are_inclusive() -> None:
-    input_digest({f"k{n}": "x" * 20_000 for n in range(20)})
+    largest = {f"k{n}": "x" * 20_000 for n in range(20)}
+    canonical = json.dumps(largest, sort_keys=True, separators=(",", ":")).encode()
+    assert input_digest(largest) == hashlib.sha256(canonical).hexdigest()
 
 
 def test_keyed_digest_is_hmac_and_names_its_key() -> None:

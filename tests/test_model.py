@@ -5,7 +5,8 @@ A Hypothesis ``RuleBasedStateMachine`` drives one ``Journal`` through begin, com
 reopen and a simulated crash, on a few identities, two input sets and two definitions.
 After every step the outcome (what came back, or the error code) and ``inspect`` of the
 identity involved must be exactly what the model says; after a reopen or a crash every
-identity must be, since every acknowledged operation is durable.
+identity must be, since every acknowledged operation is durable. Every such ``inspect``
+reads the record strictly, as a new process would (the decode cache is cleared first).
 
 The journal is async and the state machine is not: each machine talks to its journal
 through an anyio blocking portal, whose event loop runs in another thread, once per
@@ -47,8 +48,9 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
+from itemjournal._filestore import _parse_writer_token, _writer_token
 from itemjournal._identity import identity_digest
-from itemjournal._records import HISTORY_LIMIT
+from itemjournal._records import HISTORY_LIMIT, clear_decode_cache
 
 IDENTITIES = (
     Identity("shop", "billing", "charge", "order-1"),
@@ -219,6 +221,18 @@ def same(expected: object, actual: object) -> bool:
 # ---------------------------------------------------------------------- the machine
 
 
+async def cold_inspect(journal: Journal, identity: Identity) -> RecordView:
+    """``inspect`` as a new process would read the record: strictly, not from memory.
+
+    The writing process remembers every document it wrote (the decode cache), and a
+    read of the same bytes would be answered from there; a record the writer produced
+    but the strict reader refuses would go unnoticed. Every read that checks what was
+    written therefore forgets first.
+    """
+    clear_decode_cache()
+    return await journal.inspect(identity)
+
+
 COUNTS = {"examples": 0, "steps": 0}
 SEEN: Counter[str] = Counter()  # outcomes reached, so a run shows it covered the table
 
@@ -281,9 +295,10 @@ class JournalMachine(RuleBasedStateMachine):
                 outcome = await function(*args, **kwargs)
             except JournalError as error:
                 outcome = error
-            return outcome, await journal.inspect(identity)
+            return outcome, await cold_inspect(journal, identity)
 
-        return self.portal.call(run)
+        result: tuple[Any, RecordView] = self.portal.call(run)
+        return result
 
     def check_outcome(self, identity: Identity, expected: Outcome, actual: object) -> None:
         self.check_outcome_kind(identity, expected, actual)
@@ -359,7 +374,7 @@ class JournalMachine(RuleBasedStateMachine):
             assert view.owner_alive is None
 
     def check(self, identity: Identity) -> None:
-        view = self.call(self.open_journal.inspect, identity)
+        view = self.call(cold_inspect, self.open_journal, identity)
         assert isinstance(view, RecordView)
         self.check_view(identity, view)
 
@@ -515,7 +530,7 @@ class JournalMachine(RuleBasedStateMachine):
         journal = self.open_journal
 
         async def views() -> list[RecordView]:
-            return [await journal.inspect(identity) for identity in IDENTITIES]
+            return [await cold_inspect(journal, identity) for identity in IDENTITIES]
 
         for identity, view in zip(IDENTITIES, self.portal.call(views), strict=True):
             self.check_view(identity, view)
@@ -523,8 +538,12 @@ class JournalMachine(RuleBasedStateMachine):
     def plant_torn_temp(self) -> None:
         directory = Path(self.root, identity_digest(IDENTITIES[0])[:2])
         directory.mkdir(mode=0o700, exist_ok=True)
-        dead_pid = 2**22 + 1  # beyond any Linux pid_max: the writer is surely gone
-        torn = directory / f".{dead_pid}-20240101000000123-{'cd' * 16}.tmp"
+        # A writer of this boot and pid namespace, named the way writers name themselves,
+        # whose pid is beyond any Linux pid_max: well-formed, and surely gone.
+        token = _writer_token()
+        assert _parse_writer_token(token) is not None
+        dead_pid = 2**22 + 1
+        torn = directory / f".{dead_pid}-{token}-{'cd' * 16}.tmp"
         torn.write_bytes(b'{"version": 1, "identity": ["shop", "bil')
         old = time.time() - 3600
         os.utime(torn, (old, old))
