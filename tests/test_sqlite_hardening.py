@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +102,9 @@ class Gate:
 
 
 async def one_batch(
-    store: SQLiteStore, calls: list[Callable[[], Awaitable[None]]], before: Callable[[], None]
+    store: SQLiteStore,
+    calls: list[Callable[[], Coroutine[Any, Any, None]]],
+    before: Callable[[], None],
 ) -> None:
     """Run ``calls`` together in ONE batch; ``before`` runs just before that batch."""
     gate = Gate()
@@ -265,7 +267,7 @@ class Round:
             assert isinstance(claim, Claim)
             self.claims[n] = claim
 
-    def call(self, n: int) -> Callable[[], Awaitable[None]]:
+    def call(self, n: int) -> Callable[[], Coroutine[Any, Any, None]]:
         async def run() -> None:
             try:
                 if n in self.claims:
@@ -369,7 +371,8 @@ async def test_a_statement_failing_anywhere_in_a_batch_leaves_every_answer_true(
             # a row that cannot be read costs its own call only
             assert tally["acknowledged"] == 7, tally
         await still_works(store, journal, name)
-    print(f"\n{kind}, {len(statements)} positions: {dict(tallies)}")
+    variant = ", rollback failing too" if fail_rollback else ""
+    print(f"\n{kind}{variant}, each of {len(statements)} statements: {dict(tallies)}")
     await journal.aclose()
 
 
@@ -468,7 +471,7 @@ def writer(n: int, ran: list[int]) -> Callable[[Record | None], Step[int]]:
 async def test_a_store_call_waiting_for_the_write_lock_is_cancelled_at_once(db: Path) -> None:
     store, journal = await open_store(db, busy_timeout=30)
     retrying = on_retry(store)
-    holder = await anyio.to_thread.run_sync(hold_write_lock, db)
+    holder: sqlite3.Connection | None = await anyio.to_thread.run_sync(hold_write_lock, db)
     ran: list[int] = []
     leader_scope = anyio.CancelScope()
     results: list[object] = []
@@ -495,10 +498,11 @@ async def test_a_store_call_waiting_for_the_write_lock_is_cancelled_at_once(db: 
             print(f"\nstore call cancelled while waiting for the lock: {elapsed * 1000:.1f} ms")
             assert elapsed < 0.1
             # it left the queue; the call behind it leads now (and waits for the lock)
-            assert identity_digest(Identity(*item(1))) not in [op.key for op in store._queue]
+            assert Identity(*item(1)) not in [op.identity for op in store._queue]
             assert store._leading
-            await anyio.to_thread.run_sync(release, holder)
-            holder = None
+            held, holder = holder, None
+            assert held is not None
+            await anyio.to_thread.run_sync(release, held)
     finally:
         if holder is not None:
             await anyio.to_thread.run_sync(release, holder)
@@ -553,8 +557,6 @@ async def test_a_status_scan_returns_every_row_whose_status_is_in_doubt(db: Path
             await journal.mark_review(item(n))
         status = ("started", "succeeded", "needs_review")[n % 3]
         wanted[status].add(f"item-{n}")
-    document = await journal.store.peek(Identity(*item(0)), lambda _: None)
-    del document
     connection = sqlite3.connect(db)
     [started] = connection.execute(
         "SELECT document FROM itemjournal_records WHERE digest = ?",
@@ -563,29 +565,31 @@ async def test_a_status_scan_returns_every_row_whose_status_is_in_doubt(db: Path
     connection.close()
     await anyio.to_thread.run_sync(plant_rows, db, started, [*BAD_ROWS.values(), COPIED])
     copied = f"{len(BAD_ROWS):02d}" + "0" * 62
-    for status in (None, "started", "succeeded", "needs_review", "released", "no such status"):
+    statuses: tuple[str | None, ...] = (None, *wanted, "released", "no such status")
+    for asked in statuses:
         for batch in (2, 3, 256):  # pages of every size, joining both queries of a page
-            seen = [entry async for entry in store.scan(status=status, batch=batch)]
+            seen = [entry async for entry in store.scan(status=asked, batch=batch)]
             bad = [entry for entry in seen if isinstance(entry, RecordInvalid)]
             good = sorted(e.identity.item for e in seen if isinstance(e, Record))
             assert len(seen) == len(bad) + len(good)
             locations = [str(e.location) for e in bad]
             assert len(set(locations)) == len(locations)  # each once
             assert len([e for e in locations if not e.endswith(copied)]) == len(BAD_ROWS), (
-                status,
+                asked,
                 batch,
                 [str(e) for e in bad],
             )
             # the copied row: found by the scans that read every row, and by its own status's
-            assert any(e.endswith(copied) for e in locations) is (
-                status not in ("needs_review",)
-            ), (status, batch)
+            assert any(e.endswith(copied) for e in locations) is (asked != "needs_review"), (
+                asked,
+                batch,
+            )
             expected = (
                 sorted(set().union(*wanted.values()))
-                if status is None
-                else sorted(wanted.get(status, ()))
+                if asked is None
+                else sorted(wanted.get(asked, ()))
             )
-            assert good == expected, (status, batch)
+            assert good == expected, (asked, batch)
 
 
 # ---------------------------------------------------------------------- 12: open waits
@@ -720,7 +724,7 @@ async def test_one_corrupted_row_costs_its_own_call_only(db: Path, corruption: s
     )
     outcomes: dict[int, object] = {}
 
-    def call(n: int) -> Callable[[], Awaitable[None]]:
+    def call(n: int) -> Callable[[], Coroutine[Any, Any, None]]:
         async def run() -> None:
             try:
                 outcomes[n] = await journal.begin(bad if n == 50 else item(n), INPUTS, DEFINITION)
@@ -731,12 +735,12 @@ async def test_one_corrupted_row_costs_its_own_call_only(db: Path, corruption: s
 
     commits = store.commits
     await one_batch(store, [call(n) for n in range(96)], lambda: None)
-    assert store.commits == commits + 2  # the gate's batch, then all 96 in one
     kinds = Counter(
         getattr(outcome, "code", type(outcome).__name__) for outcome in outcomes.values()
     )
     print(f"\n96 calls in one batch, one on a row with {corruption}: {dict(kinds)}")
-    assert kinds == {"Claim": 95, "RECORD_INVALID": 1}, outcomes
+    assert kinds == {"Claim": 95, "RECORD_INVALID": 1}, kinds
+    assert store.commits == commits + 2  # the gate's batch, then all 96 in one
     for n in range(96):
         if n != 50:
             assert (await journal.inspect(item(n))).status == "started"
@@ -854,7 +858,7 @@ def test_an_unexpected_error_reading_a_row_is_that_rows_storage_failed(db: Path)
     def broken(*args: object) -> Record:
         raise ZeroDivisionError("a bug")
 
-    store._decode = broken  # type: ignore[method-assign]
+    store._decode = broken  # type: ignore[method-assign,assignment]
     with pytest.raises(StorageFailed) as caught:
         store._read_row("d" * 64, "started", b"{}")
     assert isinstance(caught.value.__cause__, ZeroDivisionError)
