@@ -464,14 +464,12 @@ class SQLiteStore:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         os.close(os.open(temp, flags, 0o600))
         try:
-            try:
+            with contextlib.suppress(FileExistsError):  # another opener made it first
                 os.link(temp, self.path, follow_symlinks=False)
-            except FileExistsError:
-                return  # another opener made it first; it made its name durable too
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-        sync_dir(fs, directory)
+        sync_dir(fs, directory)  # made here or not, the name is durable before any write
 
     def _check_schema(self, connection: sqlite3.Connection) -> bool:
         """Whose database this is, read only: True when it is a complete journal, False
