@@ -341,7 +341,7 @@ async def queued(store: SQLiteStore, count: int) -> None:
 
 async def test_a_waiter_cancelled_in_the_queue_never_runs(db: Path) -> None:
     store, journal = await open_journal(db)
-    gate, ran = Gate(), []
+    gate, ran = Gate(), list[int]()
     async with anyio.create_task_group() as tg:
         tg.start_soon(store.apply, Identity(*item(0)), gate.step)
         await gate.entered.wait()  # the first batch is running and holds the queue
@@ -358,7 +358,7 @@ async def test_a_waiter_cancelled_in_the_queue_never_runs(db: Path) -> None:
 
 async def test_a_waiter_cancelled_inside_a_running_batch_waits_for_it(db: Path) -> None:
     store, journal = await open_journal(db)
-    first, second, ran = Gate(), Gate(), []
+    first, second, ran = Gate(), Gate(), list[int]()
     outcome: list[str] = []
 
     waiter_scope = anyio.CancelScope()
@@ -391,7 +391,7 @@ async def test_a_waiter_cancelled_inside_a_running_batch_waits_for_it(db: Path) 
 
 async def test_a_cancelled_leader_hands_the_queue_on(db: Path) -> None:
     store, journal = await open_journal(db)
-    gate, ran = Gate(), []
+    gate, ran = Gate(), list[int]()
     async with anyio.create_task_group() as tg:
         tg.start_soon(store.apply, Identity(*item(0)), gate.step)
         await gate.entered.wait()
