@@ -861,7 +861,10 @@ async def test_a_settings_document_that_does_not_read_strictly_is_invalid_and_un
     assert await anyio.to_thread.run_sync(snapshot, document) == before
     assert temp_files(root) == []
     with pytest.raises(RecordInvalid):
+        await open_store(root)  # not a location this store can vouch for
+    with pytest.raises(RecordInvalid):
         await Journal.open(str(root))
+    assert await anyio.to_thread.run_sync(snapshot, document) == before
 
 
 async def test_a_setting_is_synced_before_it_is_answered(anyio_backend: str, root: Path) -> None:

@@ -265,8 +265,9 @@ class FileStore:
     # ------------------------------------------------------------------ lifecycle
 
     async def open(self) -> None:
-        """Create the root if needed, check that it is this user's alone, and sweep temp
-        files no live writer can own."""
+        """Create the root if needed, check that it is this user's alone and that its
+        settings document (if any) is an itemjournal one, and sweep temp files no live
+        writer can own."""
         await self._trip(self._open_sync)
 
     def _open_sync(self) -> None:
@@ -282,6 +283,21 @@ class FileStore:
         except OSError as error:
             raise _fail(f"cannot create the journal directory {self.location}", error) from error
         self.sweep_temps_sync()
+        self._check_settings_sync()
+
+    def _check_settings_sync(self) -> None:
+        """Refuse a location whose settings document is not one of ours (left untouched)."""
+        path = os.path.join(self.location, SETTINGS_NAME)
+        try:
+            root_fd = os.open(self.location, _DIR_FLAGS)
+        except OSError as error:
+            raise _fail(f"cannot open {self.location}", error) from error
+        try:
+            data = self._read(root_fd, SETTINGS_NAME, path, MAX_SETTINGS_BYTES, "settings document")
+        finally:
+            os.close(root_fd)
+        if data is not None:
+            decode_settings(data, path)
 
     async def aclose(self) -> None:
         """Refuse new calls, then wait for the calls under way (their worker trips) to end.
@@ -313,7 +329,9 @@ class FileStore:
 
     async def _trip(self, function: Callable[..., T], *args: Any) -> T:
         """One worker trip, counted so that ``aclose`` can wait for it."""
-        self._check_open()
+        if self._closed:
+            await anyio.lowlevel.checkpoint()  # every call is a checkpoint, a refused one too
+            self._check_open()
         self._in_flight += 1
         try:
             return await run_in_thread(function, *args)
