@@ -72,7 +72,12 @@ def test_input_digest_formula_and_key_order() -> None:
     [
         {f"k{n}": "v" for n in range(21)},
         {"k": "x" * 20_001},
-        {"k": 1},
+        {"k": 1.5},
+        {"k": 12.0},
+        {"k": 2**63},
+        {"k": -(2**63)},
+        {"k": b"bytes"},
+        {"k": ["a", "list"]},
         {"bad key": "v"},
         {1: "v"},
         [("k", "v")],
@@ -84,6 +89,23 @@ def test_bad_inputs(inputs: object) -> None:
     with pytest.raises(InvalidArgument) as caught:
         input_digest(inputs)  # type: ignore[arg-type]
     assert caught.value.code == "INVALID_INPUTS"
+
+
+def test_a_float_input_names_the_way_out() -> None:
+    with pytest.raises(InvalidArgument, match="minor units"):
+        input_digest({"amount": 12.5})
+
+
+def test_ints_bools_and_none_are_inputs_in_canonical_json() -> None:
+    inputs = {"cents": 1250, "express": True, "gift": False, "note": None, "big": 2**63 - 1}
+    canonical = json.dumps(
+        inputs, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    ).encode()
+    assert input_digest(inputs) == hashlib.sha256(canonical).hexdigest()
+    # A number and its text are different inputs; True is not 1.
+    assert input_digest({"n": 1}) != input_digest({"n": "1"})
+    assert input_digest({"n": True}) != input_digest({"n": 1})
+    assert input_digest({"n": None}) != input_digest({})
 
 
 def test_input_limits_are_inclusive() -> None:

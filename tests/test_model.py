@@ -174,6 +174,8 @@ class Model:
             return Outcome("error", "DEFINITION_CHANGED")
         if current.status == "succeeded":
             return Outcome("reuse", current.receipt)
+        if current.status == "started":  # its owner, this process, lives
+            return Outcome("error", "IN_PROGRESS")
         return Outcome("error", "REVIEW_REQUIRED")
 
     def complete(self, claim: object, receipt: str, receipt_ok: bool) -> Outcome:
@@ -246,6 +248,7 @@ ROWS = (
     "released",
     "INPUT_CHANGED",
     "DEFINITION_CHANGED",
+    "IN_PROGRESS",
     "REVIEW_REQUIRED",
     "CLAIM_MISMATCH",
     "NOT_STARTED",

@@ -115,7 +115,7 @@ async def test_refusals_do_not_undo_their_batch_neighbours(db: Path) -> None:
     assert statements.count("COMMIT") < 32  # refusals and claims did share transactions
     assert "ROLLBACK" not in statements
     for n in range(64):
-        assert outcomes[n] == ("REVIEW_REQUIRED" if n % 2 == 0 else "Claim")
+        assert outcomes[n] == ("IN_PROGRESS" if n % 2 == 0 else "Claim")
         assert (await journal.inspect(item(n))).status == "started"
 
 

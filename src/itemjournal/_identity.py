@@ -18,6 +18,7 @@ __all__ = [
     "Identity",
     "IdentityLike",
     "InputDigester",
+    "InputValue",
     "coerce_identity",
     "definition_digest",
     "identity_digest",
@@ -29,6 +30,11 @@ _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _HASH = re.compile(r"[0-9a-f]{64}")
 MAX_INPUTS = 20
 MAX_INPUT_CHARS = 20_000
+MAX_INPUT_INT = 2**63 - 1
+
+# What an input may be: text, a whole number, a flag, or nothing. No float: its text is
+# not one exact value (0.1 + 0.2), so it would fingerprint unstably.
+InputValue = str | int | bool | None
 
 
 class Identity(NamedTuple):
@@ -88,13 +94,31 @@ def _canonical_inputs(inputs: object) -> bytes:
         raise InvalidArgument(
             f"at most {MAX_INPUTS} inputs are allowed, got {len(inputs)}", code="INVALID_INPUTS"
         )
-    plain: dict[str, str] = {}
+    plain: dict[str, InputValue] = {}
     for key, value in inputs.items():
         if not isinstance(key, str) or _LABEL.fullmatch(key) is None:
             raise InvalidArgument(f"input key {key!r} must be a label", code="INVALID_INPUTS")
+        if value is None or isinstance(value, bool):
+            plain[key] = value
+            continue
+        if isinstance(value, int):
+            if not -MAX_INPUT_INT <= value <= MAX_INPUT_INT:
+                raise InvalidArgument(
+                    f"input {key!r} is an int outside -(2**63-1)..2**63-1; pass it as a str",
+                    code="INVALID_INPUTS",
+                )
+            plain[key] = int(value)  # an int subclass (an IntEnum) hashes as its number
+            continue
+        if isinstance(value, float):
+            raise InvalidArgument(
+                f"input {key!r} is a float, which has no single exact text; pass an int of "
+                f"minor units (1250 for 12.50) or a str",
+                code="INVALID_INPUTS",
+            )
         if not isinstance(value, str):
             raise InvalidArgument(
-                f"input {key!r} must be a str, not {type(value).__name__}", code="INVALID_INPUTS"
+                f"input {key!r} must be a str, int, bool or None, not {type(value).__name__}",
+                code="INVALID_INPUTS",
             )
         if len(value) > MAX_INPUT_CHARS:
             raise InvalidArgument(
@@ -109,7 +133,7 @@ def _canonical_inputs(inputs: object) -> bytes:
         raise InvalidArgument("inputs must be encodable as UTF-8", code="INVALID_INPUTS") from error
 
 
-def input_digest(inputs: Mapping[str, str]) -> str:
+def input_digest(inputs: Mapping[str, InputValue]) -> str:
     """SHA-256 hex of the inputs as sorted, compact, UTF-8 JSON."""
     return hashlib.sha256(_canonical_inputs(inputs)).hexdigest()
 
@@ -136,7 +160,7 @@ class InputDigester:
         key_id = hmac.new(self._key, b"itemjournal input key id", hashlib.sha256).hexdigest()
         self.kind = f"hmac-sha256:{key_id[:16]}"
 
-    def __call__(self, inputs: Mapping[str, str]) -> str:
+    def __call__(self, inputs: Mapping[str, InputValue]) -> str:
         data = _canonical_inputs(inputs)
         if self._key is None:
             return hashlib.sha256(data).hexdigest()

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import os
+import random
 import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,12 +30,20 @@ from ._identity import (
     Identity,
     IdentityLike,
     InputDigester,
+    InputValue,
     coerce_identity,
     identity_digest,
     require_hash,
 )
 from ._owner import current_owner, owner_alive
-from ._records import MAX_NOTE_CHARS, Record, note_problem, receipt_problem, utc_now
+from ._records import (
+    MAX_NOTE_CHARS,
+    Record,
+    note_problem,
+    receipt_problem,
+    result_problem,
+    utc_now,
+)
 from ._sqlitestore import SQLiteStore
 from ._store import Step, Store
 from ._view import Claim, RecordView, Reuse, SweepReport
@@ -42,6 +51,10 @@ from ._view import Claim, RecordView, Reuse, SweepReport
 __all__ = ["Attempt", "Journal"]
 
 T = TypeVar("T")
+U = TypeVar("U")
+
+_FIRST_POLL = 0.01  # seconds: the first pause of a waiter polling another process's claim
+_LAST_POLL = 1.0  # the longest pause (and how often a waiter on our own claim re-checks)
 
 # The location's setting that names how its inputs are fingerprinted (SPEC section 1).
 _INPUT_KIND: str = "input_kind"
@@ -70,6 +83,30 @@ def _check_note(value: object, what: str) -> str:
     return value
 
 
+def _check_wait(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgument(
+            f"wait is a number of seconds or None, not {type(value).__name__}",
+            code="INVALID_ARGUMENT",
+        )
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidArgument(
+            f"wait must be a finite number of seconds, at least 0, got {value}",
+            code="INVALID_ARGUMENT",
+        )
+    return float(value)
+
+
+def _check_result(value: object) -> str | None:
+    problem = result_problem(value)
+    if problem:
+        raise InvalidArgument(problem, code="INVALID_ARGUMENT")
+    assert value is None or isinstance(value, str)
+    return value
+
+
 def _check_receipt(value: object) -> str:
     problem = receipt_problem(value)
     if problem:
@@ -91,6 +128,9 @@ class Journal:
         # Identities in flight, each with the tasks waiting for it in arrival order. The
         # event loop runs this bookkeeping without awaiting, so it needs no lock.
         self._busy: dict[Identity, deque[anyio.Event]] = {}
+        # Claims this journal granted that are still open: waiters (wait=...) on one of
+        # them are woken when it settles, instead of polling.
+        self._live: dict[Identity, anyio.Event] = {}
 
     @classmethod
     async def open(
@@ -249,14 +289,27 @@ class Journal:
         cancelled before its step ever ran (waiting for a lock, say) wrote nothing and
         ends at once.
         """
+        left_started: list[bool] = []  # a write took the record out of ``started``
+
+        def watched(run: Callable[[Record | None], Step[U]]) -> Callable[[Record | None], Step[U]]:
+            def watching(current: Record | None) -> Step[U]:
+                decision = run(current)
+                if decision.delete or (
+                    decision.write is not None and decision.write.status != "started"
+                ):
+                    left_started.append(True)
+                return decision
+
+            return watching
+
         await self._acquire(identity)
         try:
             try:
-                return await self._store.apply(identity, step)
+                return await self._store.apply(identity, watched(step))
             except anyio.get_cancelled_exc_class() as cancelled:
                 if undo is not None and decided():
                     _, error, _ = await _to_the_end(
-                        functools.partial(self._store.apply, identity, undo)
+                        functools.partial(self._store.apply, identity, watched(undo))
                     )
                     if error is not None:
                         cancelled.add_note(
@@ -266,20 +319,65 @@ class Journal:
                 raise
         finally:
             self._release(identity)
+            if left_started:
+                self._settled(identity)
 
     # ------------------------------------------------------------------ operations
 
     async def begin(
-        self, identity: IdentityLike, inputs: Mapping[str, str], definition: str
+        self,
+        identity: IdentityLike,
+        inputs: Mapping[str, InputValue],
+        definition: str,
+        *,
+        wait: float | None = None,
     ) -> Claim | Reuse:
-        """Durably record intent, then grant a ``Claim``; or ``Reuse`` a succeeded record."""
+        """Durably record intent, then grant a ``Claim``; or ``Reuse`` a succeeded record.
+
+        A ``started`` record whose owner lives (or cannot be known) is ``IN_PROGRESS``;
+        with ``wait=seconds`` the call waits for it to leave ``started`` and then answers
+        as usual (a ``Reuse``, a ``Claim`` after a release, ``REVIEW_REQUIRED``...), or
+        raises ``IN_PROGRESS`` when the time is up. A ``started`` record whose owner is
+        provably gone is marked ``needs_review`` and refused with ``REVIEW_REQUIRED``.
+        """
         ident = coerce_identity(identity)
         input_hash = self._digester(inputs)
         definition_hash = require_hash(definition)
+        limit = _check_wait(wait)
+        if limit is None:
+            return await self._begin(ident, input_hash, definition_hash)
+        deadline = anyio.current_time() + limit
+        delay = _FIRST_POLL
+        while True:
+            try:
+                return await self._begin(ident, input_hash, definition_hash)
+            except ConflictError as refusal:
+                if refusal.code != "IN_PROGRESS":
+                    raise
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    raise
+            # Our own claim: its settlement sets an event. Another process's (or another
+            # journal's): poll, with jittered, lengthening pauses.
+            settled = self._live.get(ident)
+            pause = min(remaining, delay * (0.5 + random.random() / 2))
+            if settled is not None:
+                with anyio.move_on_after(min(remaining, _LAST_POLL)):
+                    await settled.wait()
+            else:
+                await anyio.sleep(pause)
+                delay = min(delay * 1.5, _LAST_POLL)
+
+    async def _begin(self, ident: Identity, input_hash: str, definition_hash: str) -> Claim | Reuse:
         kind = self._digester.kind
         granted: list[tuple[Record | None, str]] = []  # (record before, claim id) per attempt
 
-        def step(current: Record | None) -> Step[Claim | Reuse]:
+        def step(current: Record | None) -> Step[Claim | Reuse | ConflictError]:
+            gone = (
+                current is not None
+                and current.status == "started"
+                and owner_alive(current.owner) is False
+            )
             new = _refusing(
                 ident,
                 current,
@@ -292,12 +390,19 @@ class Journal:
                     claim_id=secrets.token_hex(16),
                     owner=current_owner(),
                     now=utc_now(),
+                    owner_gone=gone,
                 ),
             )
             if new is None:
                 assert current is not None
                 assert current.receipt is not None
-                return Step(None, Reuse(current.receipt, ident, current.attempt))
+                return Step(
+                    None, Reuse(current.receipt, ident, current.attempt, result=current.result)
+                )
+            if new.status != "started":  # a dead owner's claim, marked: write, then refuse
+                refusal = machine.refusal_after(new)
+                refusal.view = _view(ident, new)
+                return Step(new, refusal)
             granted.append((current, new.claim_id))
             claim = Claim(
                 identity=ident,
@@ -321,16 +426,42 @@ class Journal:
                     return Step(before, "restored")
             return Step(None, "never written")
 
-        return await self._apply(ident, step, undo, lambda: bool(granted))
+        try:
+            outcome = await self._apply(ident, step, undo, lambda: bool(granted))
+        except ConflictError as refusal:
+            if refusal.code != "IN_PROGRESS":
+                self._settled(ident)  # not started (any more): nobody needs to wait here
+            raise
+        if isinstance(outcome, ConflictError):
+            raise outcome
+        if isinstance(outcome, Claim):
+            self._live[ident] = anyio.Event()
+        else:
+            self._settled(ident)
+        return outcome
 
-    async def complete(self, claim: Claim, receipt: str) -> RecordView:
-        """Declare the claimed effect done; ``receipt`` is stored and reused by reruns."""
+    def _settled(self, ident: Identity) -> None:
+        """Wake the waiters of a claim this journal granted: its record left ``started``."""
+        event = self._live.pop(ident, None)
+        if event is not None:
+            event.set()
+
+    async def complete(
+        self, claim: Claim, receipt: str, *, result: str | None = None
+    ) -> RecordView:
+        """Declare the claimed effect done; ``receipt`` is stored and reused by reruns.
+
+        ``receipt`` is a short reference (at most 200 characters); ``result``, optional,
+        is what a rerun should replay (at most 64 KiB of UTF-8), returned as
+        ``Reuse.result`` and ``RecordView.result``.
+        """
         if not isinstance(claim, Claim):
             raise InvalidArgument(
                 f"complete() takes the Claim that begin() returned, not {type(claim).__name__}",
                 code="INVALID_CLAIM",
             )
         receipt = _check_receipt(receipt)
+        result = _check_result(result)
         ident = coerce_identity(claim.identity)
 
         def step(current: Record | None) -> Step[RecordView]:
@@ -344,6 +475,7 @@ class Journal:
                     definition_hash=claim.definition_hash,
                     receipt=receipt,
                     now=utc_now(),
+                    result=result,
                 ),
             )
             return Step(new, _view(ident, new))
@@ -450,7 +582,12 @@ class Journal:
         return SweepReport(tuple(marked), tuple(problems))
 
     def claim(
-        self, identity: IdentityLike, inputs: Mapping[str, str], definition: str
+        self,
+        identity: IdentityLike,
+        inputs: Mapping[str, InputValue],
+        definition: str,
+        *,
+        wait: float | None = None,
     ) -> ClaimContext:
         """``async with journal.claim(...) as attempt``: begin, then settle on exit.
 
@@ -459,7 +596,8 @@ class Journal:
         leaving it normally without ``complete``/``mark_review`` marks it too and
         raises ``UnresolvedClaim``.
         """
-        return ClaimContext(self, identity, inputs, definition)
+        _check_wait(wait)
+        return ClaimContext(self, identity, inputs, definition, wait)
 
 
 class Attempt:
@@ -469,6 +607,8 @@ class Attempt:
         self._journal = journal
         self._claim: Claim | None = outcome if isinstance(outcome, Claim) else None
         self.receipt: str | None = outcome.receipt if isinstance(outcome, Reuse) else None
+        # The result stored with a reused receipt (or given to ``complete``), if any.
+        self.result: str | None = outcome.result if isinstance(outcome, Reuse) else None
         self.settled = isinstance(outcome, Reuse)
         self.view: RecordView | None = None
 
@@ -489,11 +629,13 @@ class Attempt:
             )
         return self._claim
 
-    async def complete(self, receipt: str) -> RecordView:
+    async def complete(self, receipt: str, result: str | None = None) -> RecordView:
+        """Declare this attempt's effect done (see ``Journal.complete``)."""
         claim = self._own_claim("complete")
-        self.view = await self._journal.complete(claim, receipt)
+        self.view = await self._journal.complete(claim, receipt, result=result)
         self.settled = True
         self.receipt = receipt
+        self.result = result
         return self.view
 
     async def mark_review(self, reason: str | None = None) -> RecordView:
@@ -512,11 +654,13 @@ class ClaimContext:
         self,
         journal: Journal,
         identity: IdentityLike,
-        inputs: Mapping[str, str],
+        inputs: Mapping[str, InputValue],
         definition: str,
+        wait: float | None = None,
     ) -> None:
         self._journal = journal
         self._args = (identity, inputs, definition)
+        self._wait = wait
         self._attempt: Attempt | None = None
         self._entered = False
 
@@ -526,7 +670,7 @@ class ClaimContext:
                 "a claim context can be entered only once", code="INVALID_ARGUMENT"
             )
         self._entered = True
-        outcome = await self._journal.begin(*self._args)
+        outcome = await self._journal.begin(*self._args, wait=self._wait)
         self._attempt = Attempt(self._journal, outcome)
         return self._attempt
 

@@ -10,7 +10,7 @@ from ._errors import ConflictError
 from ._identity import Identity
 from ._records import Owner, Record
 
-__all__ = ["begin", "complete", "mark_review", "resolve", "sweep"]
+__all__ = ["begin", "complete", "mark_review", "refusal_after", "resolve", "sweep"]
 
 
 def begin(
@@ -23,8 +23,15 @@ def begin(
     claim_id: str,
     owner: Owner,
     now: str,
+    owner_gone: bool = False,
 ) -> Record | None:
-    """A new ``started`` record (a claim), or None when a succeeded record is reused."""
+    """A new ``started`` record (a claim), or None when a succeeded record is reused.
+
+    On a ``started`` record with the same fingerprints: ``IN_PROGRESS`` while its owner
+    lives or cannot be known; when ``owner_gone`` (the owner is provably dead), the record
+    marked ``needs_review`` exactly as a sweep would, which the caller writes and then
+    refuses with ``REVIEW_REQUIRED`` (see ``refusal_after``).
+    """
     if current is None or current.status == "released":
         attempt = 1 if current is None else current.attempt + 1
         fresh = Record(
@@ -59,8 +66,26 @@ def begin(
         )
     if current.status == "succeeded":
         return None
+    if current.status == "started":
+        if owner_gone:
+            return sweep(current, owner_gone=True, now=now)
+        holder = current.owner
+        who = "" if holder is None else f" by pid {holder.pid} on {holder.host}"
+        raise ConflictError(
+            f"attempt {current.attempt} is in progress{who}; wait for it (wait=...) or retry later",
+            code="IN_PROGRESS",
+        )
     raise ConflictError(
         f"attempt {current.attempt} is {current.status}; an operator must resolve it",
+        code="REVIEW_REQUIRED",
+    )
+
+
+def refusal_after(marked: Record) -> ConflictError:
+    """The refusal ``begin`` raises after writing a dead owner's record as ``needs_review``."""
+    return ConflictError(
+        f"attempt {marked.attempt} was started by a process that is gone; it now needs "
+        f"review ({marked.review_reason}); an operator must resolve it",
         code="REVIEW_REQUIRED",
     )
 
@@ -73,6 +98,7 @@ def complete(
     definition_hash: str,
     receipt: str,
     now: str,
+    result: str | None = None,
 ) -> Record:
     if current is None or (current.claim_id, current.input_hash, current.definition_hash) != (
         claim_id,
@@ -82,7 +108,7 @@ def complete(
         raise ConflictError("the claim does not own this record", code="CLAIM_MISMATCH")
     if current.status != "started":
         raise ConflictError(f"the record is {current.status}, not started", code="NOT_STARTED")
-    return current.advance("complete", "succeeded", now, receipt=receipt)
+    return current.advance("complete", "succeeded", now, receipt=receipt, result=result)
 
 
 def mark_review(

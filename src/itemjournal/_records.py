@@ -23,10 +23,13 @@ __all__ = [
     "encode_record",
     "parse_process",
     "receipt_problem",
+    "result_problem",
     "utc_now",
 ]
 
-VERSION = 1
+VERSION = 1  # a record without a result; written exactly as before results existed
+RESULT_VERSION = 2  # a succeeded record carrying a replayable result
+MAX_RESULT_BYTES = 64 * 1024
 MAX_RECORD_BYTES = 1024 * 1024
 HISTORY_LIMIT = 32
 MAX_RECEIPT_CHARS = 200
@@ -71,6 +74,20 @@ def receipt_problem(receipt: object) -> str | None:
         return "a receipt must not be blank"
     if len(receipt) > MAX_RECEIPT_CHARS:
         return f"a receipt has at most {MAX_RECEIPT_CHARS} characters, got {len(receipt)}"
+    return None
+
+
+def result_problem(result: object) -> str | None:
+    """Why ``result`` cannot be stored for replay, or None when it can (None included)."""
+    if result is None:
+        return None
+    if not isinstance(result, str):
+        return f"a result is a str, not {type(result).__name__}"
+    if _unencodable(result):
+        return "a result must be valid Unicode (no lone surrogates)"
+    size = len(result.encode("utf-8"))
+    if size > MAX_RESULT_BYTES:
+        return f"a result has at most {MAX_RESULT_BYTES} bytes of UTF-8, got {size}"
     return None
 
 
@@ -144,6 +161,7 @@ class Record:
     owner: Owner | None
     review_reason: str | None
     history: tuple[Event, ...] = field(default=())
+    result: str | None = None
 
     def advance(
         self, event: str, status: str, at: str, note: str | None = None, **changes: Any
@@ -172,6 +190,7 @@ _KEYS = frozenset(
         "history",
     }
 )
+_RESULT_KEYS = _KEYS | {"result"}
 _OWNER_KEYS = frozenset({"host", "pid", "started_at", "process"})
 _EVENT_KEYS = frozenset({"at", "event", "status", "attempt", "note"})
 
@@ -205,7 +224,7 @@ def encode_record(record: Record) -> bytes:
     never write what it cannot read back.
     """
     document: dict[str, Any] = {
-        "version": VERSION,
+        "version": VERSION if record.result is None else RESULT_VERSION,
         "identity": list(record.identity),
         "input_kind": record.input_kind,
         "input_hash": record.input_hash,
@@ -230,6 +249,8 @@ def encode_record(record: Record) -> bytes:
             for e in record.history
         ],
     }
+    if record.result is not None:
+        document["result"] = record.result
     # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
     text = json.dumps(document, ensure_ascii=False, sort_keys=True)
     try:
@@ -323,12 +344,14 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
             json.dumps(raw, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise _Bad("record holds text that is not valid Unicode (a lone surrogate)") from None
-    if set(raw) != _KEYS:
-        missing = sorted(_KEYS - set(raw))
-        unknown = sorted(set(raw) - _KEYS)
+    version = raw.get("version")
+    if type(version) is not int or version not in (VERSION, RESULT_VERSION):
+        raise _Bad(f"record version {version!r} is not {VERSION} or {RESULT_VERSION}")
+    keys = _KEYS if version == VERSION else _RESULT_KEYS
+    if set(raw) != keys:
+        missing = sorted(keys - set(raw))
+        unknown = sorted(set(raw) - keys)
         raise _Bad(f"record fields wrong (missing {missing}, unknown {unknown})")
-    if type(raw["version"]) is not int or raw["version"] != VERSION:
-        raise _Bad(f"record version {raw['version']!r} is not {VERSION}")
     identity = raw["identity"]
     if (
         type(identity) is not list
@@ -385,6 +408,13 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
             )
         )
     review_reason = _opt_note(raw["review_reason"], "review reason")
+    result = raw.get("result")
+    if version == RESULT_VERSION:
+        problem = result_problem(result)
+        if problem or result is None:
+            raise _Bad(f"bad result: {problem or 'a version 2 record carries a result'}")
+        if status != "succeeded":
+            raise _Bad(f"a {status} record carries a result")
     return Record(
         identity=Identity(*identity),
         input_kind=_str(raw["input_kind"], "input_kind", _KIND),
@@ -399,6 +429,7 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
         owner=owner,
         review_reason=review_reason,
         history=tuple(history),
+        result=result,
     )
 
 

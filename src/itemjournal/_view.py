@@ -32,12 +32,14 @@ class Claim:
 
 @dataclass(frozen=True, slots=True)
 class Reuse:
-    """The item already succeeded with the same fingerprints: use its receipt."""
+    """The item already succeeded with the same fingerprints: use its receipt (and the
+    ``result`` stored with it, if any, to replay what the first run answered)."""
 
     receipt: str
     identity: Identity | None = None
     attempt: int = 0
     executed_here: bool = False
+    result: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,7 @@ class RecordView:
     owner_alive: bool | None = None
     review_reason: str | None = None
     history: tuple[Event, ...] = ()
+    result: str | None = None
 
     @classmethod
     def of(cls, identity: Identity, record: Record | None, owner_alive: bool | None) -> RecordView:
@@ -72,6 +75,7 @@ class RecordView:
             owner_alive=owner_alive,
             review_reason=record.review_reason,
             history=record.history,
+            result=record.result,
         )
 
 
