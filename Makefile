@@ -19,6 +19,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/mypy --strict tests/typing/user_code.py
 
 test: $(BIN)/.installed lint
 	$(BIN)/python -m pytest --cov=itemjournal --cov-report=term-missing --cov-fail-under=95 tests
