@@ -17,8 +17,8 @@ from itemjournal import (
     InvalidArgument,
     Journal,
     definition_digest,
+    once,
 )
-from itemjournal._once import once
 
 pytestmark = pytest.mark.anyio
 

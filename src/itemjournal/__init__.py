@@ -18,6 +18,7 @@ from ._identity import definition_digest as definition_digest
 from ._identity import input_digest as input_digest
 from ._journal import Attempt as Attempt
 from ._journal import Journal as Journal
+from ._once import once as once
 from ._records import Event as Event
 from ._records import Owner as Owner
 from ._sqlitestore import SQLiteStore as SQLiteStore
@@ -51,6 +52,7 @@ __all__ = [
     "UnresolvedClaim",
     "definition_digest",
     "input_digest",
+    "once",
 ]
 
 __version__ = "0.1.0"

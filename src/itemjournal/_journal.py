@@ -11,7 +11,7 @@ import secrets
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -679,7 +679,7 @@ class ClaimContext:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:  # never swallows an exception: code after the block type-checks
         attempt = self._attempt
         if attempt is None or attempt.settled or attempt.reused:
             return False

@@ -19,8 +19,8 @@ from itemjournal import (
     RecordView,
     Reuse,
     definition_digest,
+    once,
 )
-from itemjournal._once import once
 
 Receipt = NewType("Receipt", str)
 
