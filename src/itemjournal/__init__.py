@@ -25,6 +25,7 @@ from ._sqlitestore import SQLiteStore as SQLiteStore
 from ._store import Step as Step
 from ._store import Store as Store
 from ._view import Claim as Claim
+from ._view import PruneReport as PruneReport
 from ._view import RecordView as RecordView
 from ._view import Reuse as Reuse
 from ._view import SweepReport as SweepReport
@@ -41,6 +42,7 @@ __all__ = [
     "Journal",
     "JournalError",
     "Owner",
+    "PruneReport",
     "RecordInvalid",
     "RecordView",
     "Reuse",

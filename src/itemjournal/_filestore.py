@@ -406,6 +406,72 @@ class FileStore:
             removed.append(os.path.join(directory, name))
         return removed
 
+    async def check(self) -> list[str]:
+        """Orphan temp files (their writer is gone, whatever their age) and entries that
+        have no business in the root or a fan-out, one line each. Changes nothing."""
+        self._check_open()
+        return await run_in_thread(self._check_sync)
+
+    def _check_sync(self) -> list[str]:
+        problems: list[str] = []
+        try:
+            root_fd = os.open(self.location, _DIR_FLAGS)
+        except OSError as error:
+            raise _fail(f"cannot open {self.location}", error) from error
+        try:
+            try:
+                names = sorted(os.listdir(root_fd))
+            except OSError as error:
+                raise _fail(f"cannot list {self.location}", error) from error
+            expected_root = {LOCK_NAME, SETTINGS_NAME}
+            problems += self._check_dir(root_fd, self.location, names, expected_root, fanouts=True)
+            for name in names:
+                if not _FANOUT.fullmatch(name):
+                    continue
+                directory = os.path.join(self.location, name)
+                try:
+                    fd = os.open(name, _FANOUT_FLAGS, dir_fd=root_fd)
+                except OSError:
+                    continue  # the scan reports a fan-out it cannot open
+                try:
+                    entries = sorted(os.listdir(fd))
+                except OSError:
+                    continue
+                finally:
+                    os.close(fd)
+                problems += self._check_dir(None, directory, entries, {LOCK_NAME}, fanouts=False)
+        finally:
+            os.close(root_fd)
+        return problems
+
+    def _check_dir(
+        self,
+        dir_fd: int | None,
+        directory: str,
+        names: list[str],
+        expected: set[str],
+        *,
+        fanouts: bool,
+    ) -> list[str]:
+        problems: list[str] = []
+        for name in names:
+            path = os.path.join(directory, name)
+            match = _TEMP.fullmatch(name)
+            if match is not None:
+                if not self._writer_lives(int(match[1]), match[2]):
+                    problems.append(
+                        f"STORAGE_FAILED: orphan temp file {path}: its writer is gone "
+                        f"(the next open removes it once it is a minute old)"
+                    )
+            elif name in expected or (fanouts and _FANOUT.fullmatch(name)):
+                continue
+            elif not fanouts and _RECORD_NAME.fullmatch(name):
+                if name[:2] != os.path.basename(directory):
+                    problems.append(f"RECORD_INVALID: {path} is in the wrong fan-out directory")
+            else:
+                problems.append(f"STORAGE_FAILED: unexpected entry {path} in the journal")
+        return problems
+
     @staticmethod
     def _writer_lives(pid: int, token: str) -> bool:
         """False only when the temp's writer is surely gone; when in doubt, it lives."""

@@ -7,9 +7,11 @@ import functools
 import math
 import os
 import random
+import re
 import secrets
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Literal, TypeVar
 
@@ -31,6 +33,7 @@ from ._identity import (
     IdentityLike,
     InputDigester,
     InputValue,
+    check_label,
     coerce_identity,
     identity_digest,
     require_hash,
@@ -38,6 +41,7 @@ from ._identity import (
 from ._owner import current_owner, owner_alive
 from ._records import (
     MAX_NOTE_CHARS,
+    STATUSES,
     Record,
     note_problem,
     receipt_problem,
@@ -46,13 +50,18 @@ from ._records import (
 )
 from ._sqlitestore import SQLiteStore
 from ._store import Step, Store
-from ._view import Claim, RecordView, Reuse, SweepReport
+from ._threads import run_in_thread
+from ._view import Claim, PruneReport, RecordView, Reuse, SweepReport
 
 __all__ = ["Attempt", "Journal"]
 
 T = TypeVar("T")
 U = TypeVar("U")
 
+_VIEW_BATCH = 64  # records per worker trip when listings compute views
+_PRUNABLE = ("succeeded", "released")
+_KEY = re.compile(r"[0-9a-f]{64}")
+_KEY_IN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 _FIRST_POLL = 0.01  # seconds: the first pause of a waiter polling another process's claim
 _LAST_POLL = 1.0  # the longest pause (and how often a waiter on our own claim re-checks)
 
@@ -81,6 +90,27 @@ def _check_note(value: object, what: str) -> str:
         raise InvalidArgument(problem, code="INVALID_ARGUMENT")
     assert isinstance(value, str)
     return value
+
+
+def _check_status(value: object) -> None:
+    if value is not None and value not in STATUSES:
+        raise InvalidArgument(
+            f"status is one of {', '.join(STATUSES)}, not {value!r}", code="INVALID_ARGUMENT"
+        )
+
+
+def _problem_key(problem: JournalError) -> str | None:
+    """The key of the record a problem is about, when its location names one."""
+    location = getattr(problem, "location", None)
+    found = _KEY_IN.findall(location) if isinstance(location, str) else []
+    return found[-1] if found else None
+
+
+async def _views(records: list[Record]) -> list[RecordView]:
+    """Views of a batch of records; liveness reads /proc, so in one worker trip."""
+    if not records:
+        return []
+    return await run_in_thread(lambda: [_view(record.identity, record) for record in records])
 
 
 def _check_wait(value: object) -> float | None:
@@ -545,6 +575,144 @@ class Journal:
         """The record as it is now (``status == "absent"`` when there is none)."""
         ident = coerce_identity(identity)
         return await self._store.peek(ident, lambda record: _view(ident, record))
+
+    async def records(
+        self,
+        status: str | None = None,
+        *,
+        scope: str | None = None,
+        program: str | None = None,
+        job: str | None = None,
+        after: str | None = None,
+    ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]:
+        """Stream the journal's records as ``RecordView``s, in key order (``view.key``).
+
+        ``status`` and the labels filter; ``after`` (a key) starts after that record, for
+        keyset pagination. A record that cannot be read comes as its ``RecordInvalid``, a
+        part of the store that cannot be read as ``StorageFailed``; neither stops the
+        listing. Reads in batches; nothing beyond one batch is held in memory.
+        """
+        _check_status(status)
+        labels = tuple(
+            None if value is None else check_label(value, what)
+            for value, what in ((scope, "scope"), (program, "program"), (job, "job"))
+        )
+        if after is not None and (not isinstance(after, str) or _KEY.fullmatch(after) is None):
+            raise InvalidArgument(
+                "after is a record key: 64 lowercase hex characters", code="INVALID_ARGUMENT"
+            )
+        batch: list[Record] = []
+        async with contextlib.aclosing(self._store.scan(status=status)) as items:
+            async for item in items:
+                if isinstance(item, (RecordInvalid, StorageFailed)):
+                    key = _problem_key(item)
+                    if after is None or key is None or key > after:
+                        for view in await _views(batch):
+                            yield view
+                        batch.clear()
+                        yield item
+                    continue
+                if (status is not None and item.status != status) or any(
+                    wanted is not None and wanted != have
+                    for wanted, have in zip(labels, item.identity[:3], strict=True)
+                ):
+                    continue
+                if after is not None and identity_digest(item.identity) <= after:
+                    continue
+                batch.append(item)
+                if len(batch) >= _VIEW_BATCH:
+                    for view in await _views(batch):
+                        yield view
+                    batch.clear()
+        for view in await _views(batch):
+            yield view
+
+    async def counts(self) -> dict[str, int]:
+        """How many records there are per status, and how many cannot be read (``invalid``)."""
+        counted = dict.fromkeys((*STATUSES, "invalid"), 0)
+        async with contextlib.aclosing(self._store.scan()) as items:
+            async for item in items:
+                if isinstance(item, (RecordInvalid, StorageFailed)):
+                    counted["invalid"] += 1
+                else:
+                    counted[item.status] += 1
+        return counted
+
+    async def prune(self, older_than: timedelta, *, dry_run: bool = False) -> PruneReport:
+        """Remove ``succeeded`` and ``released`` records last changed before ``older_than``.
+
+        Each removal is one atomic step that checks the record again (a crash leaves every
+        record either whole or gone). Nothing else is ever removed. A pruned identity is
+        forgotten: a later ``begin`` claims it afresh, so prune only what no caller can
+        ask about again. With ``dry_run=True`` nothing changes and the report lists what
+        would be removed.
+        """
+        if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
+            raise InvalidArgument(
+                "older_than is a positive datetime.timedelta", code="INVALID_ARGUMENT"
+            )
+        if not isinstance(dry_run, bool):
+            raise InvalidArgument("dry_run must be True or False", code="INVALID_ARGUMENT")
+        cutoff = datetime.now(UTC) - older_than
+
+        def old(record: Record | None) -> bool:
+            return (
+                record is not None
+                and record.status in _PRUNABLE
+                and datetime.fromisoformat(record.updated_at) < cutoff
+            )
+
+        removed: list[RecordView] = []
+        problems: list[JournalError] = []
+        for status in _PRUNABLE:
+            async with contextlib.aclosing(self._store.scan(status=status)) as items:
+                async for item in items:
+                    if isinstance(item, (RecordInvalid, StorageFailed)):
+                        if status == _PRUNABLE[0]:  # each problem once, not once per status
+                            problems.append(item)
+                        continue
+                    if not old(item):
+                        continue
+                    ident = item.identity
+                    if dry_run:
+                        removed.extend(await _views([item]))
+                        continue
+
+                    def step(
+                        current: Record | None, ident: Identity = ident
+                    ) -> Step[RecordView | None]:
+                        if not old(current):  # changed since the scan: keep it
+                            return Step(None, None)
+                        return Step(None, _view(ident, current), delete=True)
+
+                    try:
+                        view = await self._apply(ident, step)
+                    except (RecordInvalid, StorageFailed) as error:
+                        problems.append(error)
+                        continue
+                    if view is not None:
+                        removed.append(view)
+        return PruneReport(tuple(removed), tuple(problems))
+
+    async def verify(self) -> tuple[str, ...]:
+        """Check the whole journal; one line per problem, nothing when all is well.
+
+        Every record must read strictly and be fingerprinted with the location's input
+        kind; the store adds its own checks (orphan temp files, its metadata).
+        """
+        problems: list[str] = []
+        kind = await self._store.setting(_INPUT_KIND, self.input_kind)
+        async with contextlib.aclosing(self._store.scan()) as items:
+            async for item in items:
+                if isinstance(item, (RecordInvalid, StorageFailed)):
+                    problems.append(str(item))
+                elif item.input_kind != kind:
+                    problems.append(
+                        f"INPUT_KEY_MISMATCH: the record of {list(item.identity)} fingerprints "
+                        f"inputs with {item.input_kind!r}, the location with {kind!r}"
+                    )
+        problems.extend(await self._store.check())
+        return tuple(problems)
 
     async def sweep(self) -> SweepReport:
         """Mark ``started`` records whose owner process on this host is gone ``needs_review``.

@@ -517,6 +517,30 @@ class SQLiteStore:
                     connection.execute("ROLLBACK")
             raise
 
+    async def check(self) -> list[str]:
+        """SQLite's own integrity check and this journal's metadata, one line per problem."""
+        return await run_in_thread(self._check_sync)
+
+    def _check_sync(self) -> list[str]:
+        problems: list[str] = []
+        try:
+            with self._reader() as reader:
+                rows = reader.execute("PRAGMA quick_check").fetchall()
+                meta = dict(reader.execute("SELECT key, value FROM itemjournal_meta").fetchall())
+        except sqlite3.Error as error:
+            raise _failure(f"cannot check {self.location}", error) from error
+        for (line,) in rows:
+            if line != "ok":
+                problems.append(f"STORAGE_FAILED: {self.location}: integrity check: {line}")
+        if meta.get("application") != APPLICATION:
+            problems.append(f"STORAGE_FAILED: {self.location} does not say it is an itemjournal")
+        if meta.get("schema_version") != str(SCHEMA_VERSION):
+            problems.append(
+                f"STORAGE_FAILED: {self.location} has schema version "
+                f"{meta.get('schema_version')!r}, not {SCHEMA_VERSION}"
+            )
+        return problems
+
     async def aclose(self) -> None:
         """Refuse new calls, let the calls under way finish, then close the connections."""
         if self._closed:

@@ -81,6 +81,11 @@ class Store(Protocol):
         """
         ...
 
+    async def check(self) -> list[str]:
+        """The store's own consistency problems, one line each (orphan temp files, its
+        metadata, the database's integrity); empty when all is well. Reads only."""
+        ...
+
     async def aclose(self) -> None:
         """Refuse new calls, wait for the calls under way, then release what is held."""
         ...

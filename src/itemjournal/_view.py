@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._identity import Identity
+from ._identity import Identity, identity_digest
 from ._records import Event, Owner, Record
 
 if TYPE_CHECKING:
     from ._errors import JournalError
 
-__all__ = ["Claim", "RecordView", "Reuse", "SweepReport"]
+__all__ = ["Claim", "PruneReport", "RecordView", "Reuse", "SweepReport"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +59,14 @@ class RecordView:
     review_reason: str | None = None
     history: tuple[Event, ...] = ()
     result: str | None = None
+    # The identity's stable token, the same as ``Claim.key``: what the downstream service
+    # was given as its idempotency key, and the order of listings (``after=``).
+    key: str = ""
 
     @classmethod
     def of(cls, identity: Identity, record: Record | None, owner_alive: bool | None) -> RecordView:
         if record is None:
-            return cls(identity=identity, status="absent")
+            return cls(identity=identity, status="absent", key=identity_digest(identity))
         return cls(
             identity=record.identity,
             status=record.status,
@@ -76,6 +79,7 @@ class RecordView:
             review_reason=record.review_reason,
             history=record.history,
             result=record.result,
+            key=identity_digest(record.identity),
         )
 
 
@@ -89,4 +93,13 @@ class SweepReport:
     """
 
     marked: tuple[RecordView, ...] = ()
+    problems: tuple[JournalError, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PruneReport:
+    """What ``Journal.prune`` removed (or, with ``dry_run``, would remove), and what it met
+    that it could not handle. Only ``succeeded`` and ``released`` records are ever removed."""
+
+    removed: tuple[RecordView, ...] = ()
     problems: tuple[JournalError, ...] = ()
