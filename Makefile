@@ -12,8 +12,7 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/python examples/worker_loop.py --root "$(CURDIR)/demo-journal" --fresh
-	$(BIN)/python examples/worker_loop.py --root "$(CURDIR)/demo-journal"
+	$(BIN)/python examples/demo.py --root "$(CURDIR)/demo-journal"
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples

@@ -1,11 +1,15 @@
 """A worker loop that charges orders through itemjournal.
 
-Run it twice over the same directory (``make demo`` does): the first run charges
-the orders and leaves one whose provider call timed out in ``needs_review``; the
-second run reuses every receipt and refuses to charge the uncertain order again.
+Run it twice over the same directory (``make demo`` does, through ``demo.py``): the
+first run charges the orders and leaves one whose provider call timed out in
+``needs_review``; the second run reuses every receipt and refuses to charge the uncertain
+order again, until an operator decides (``itemjournal resolve``).
 
     python examples/worker_loop.py --root /tmp/demo-journal --fresh
     python examples/worker_loop.py --root /tmp/demo-journal
+
+``--root`` defaults to ``$ITEMJOURNAL_LOCATION``, the variable the ``itemjournal``
+command reads, or else ``./demo-journal``.
 """
 
 from __future__ import annotations
@@ -81,7 +85,8 @@ async def run(root: str, fresh: bool) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=os.path.abspath("demo-journal"))
+    default = os.environ.get("ITEMJOURNAL_LOCATION") or os.path.abspath("demo-journal")
+    parser.add_argument("--root", default=default)
     parser.add_argument("--fresh", action="store_true", help="start from an empty journal")
     options = parser.parse_args()
     anyio.run(run, os.path.abspath(options.root), options.fresh)
