@@ -1027,6 +1027,13 @@ def test_serve_validates_then_calls_the_viewer(loc: str, monkeypatch: pytest.Mon
     assert calls[0][1]["token"] == "s3cret" and calls[0][1]["port"] == 9000
     for host in ("::1", "[::1]", "localhost", "127.0.0.2"):
         assert invoke("-L", loc, "serve", "--host", host).exit_code == 0
+    # The location may be given to serve as an argument, as in ``itemjournal serve LOCATION``.
+    calls.clear()
+    assert invoke("serve", loc).exit_code == 0
+    assert invoke("-L", loc, "serve", loc).exit_code == 0
+    assert [call[0] for call in calls] == [loc, loc]
+    one_error(invoke("serve", loc, "-L", "/elsewhere"), "USAGE")
+    one_error(invoke("serve", "relative"), "ABSOLUTE_ROOT_REQUIRED")
 
 
 def test_serve_refuses_an_open_address_without_a_token(
@@ -1161,6 +1168,17 @@ def test_real_processes_exit_codes_and_one_line_errors(kind: str, tmp_path: Path
         relative = process(command, "list", env={"ITEMJOURNAL_LOCATION": "journal"})
         assert relative.returncode == 2
         assert relative.stderr.startswith("error: ABSOLUTE_ROOT_REQUIRED: ")
+
+
+def test_without_the_cli_extra_the_command_says_what_to_install() -> None:
+    for missing in ("click", "rich"):
+        script = f"import sys; sys.modules[{missing!r}] = None; import itemjournal.__main__"
+        done = process([sys.executable, "-c", script])
+        assert done.returncode == 1
+        assert done.stderr == (
+            f"error: CLI_UNAVAILABLE: the itemjournal command needs {missing}: "
+            "pip install 'itemjournal[cli]'\n"
+        )
 
 
 def test_a_closed_pipe_ends_quietly(loc: str) -> None:
@@ -1329,6 +1347,18 @@ def test_main_is_the_console_script(
         _cli.main()
     assert exit_info.value.code == 0
     assert capsys.readouterr().out == f"ok: no problems in {loc}\n"
+
+
+def test_python_dash_m_runs_the_command(
+    loc: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["itemjournal", "-L", loc, "counts", "--json"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("itemjournal", run_name="__main__")
+    assert exit_info.value.code == 0
+    assert json.loads(capsys.readouterr().out)["total"] == 6
 
 
 @pytest.mark.parametrize(

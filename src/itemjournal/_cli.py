@@ -9,9 +9,16 @@ Exit codes: 0 when all is well; 1 when the command ran and found or met a proble
 record that cannot be read, a record not in the state the decision needs, ``verify``
 findings, a bulk decision with failures); 2 for bad usage or bad input (an unknown
 option, a bad label, status or duration, a missing or relative location, a key file or
-receipt file that cannot be used). Every error is one line on stderr,
-``error: CODE: message``; a record met along the way that cannot be read is one line,
-``problem: CODE: message``, and the command goes on.
+receipt file that cannot be used); 130 when interrupted. Every error is one line on
+stderr, ``error: CODE: message``; a record met along the way that cannot be read is one
+line, ``problem: CODE: message``, and the command goes on.
+
+Codes of the command itself, besides the journal's own (``INVALID_LABEL``,
+``ABSOLUTE_ROOT_REQUIRED``, ``NOT_IN_REVIEW``, ``RECORD_INVALID``, …): ``USAGE``,
+``INVALID_STATUS``, ``INVALID_DURATION``, ``NO_JOURNAL``, ``INVALID_KEY_FILE``,
+``INVALID_RECEIPT_FILE``, ``TOKEN_REQUIRED`` (exit 2); ``NOT_FOUND``, ``FILTERED_OUT``,
+``VIEWER_UNAVAILABLE``, ``CLI_UNAVAILABLE`` (the ``cli`` extra is not installed) (exit 1);
+``INTERRUPTED`` (exit 130).
 
 ``--json`` output (stable; every object has exactly these keys, in this order):
 
@@ -55,12 +62,26 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
-import click
-from rich import box
-from rich.console import Console, RenderableType
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
+
+try:
+    import click
+    from rich import box
+    from rich.console import Console, RenderableType
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Table
+    from rich.text import Text
+except ModuleNotFoundError as missing:  # this module is the command: say what to install
+    sys.stderr.write(
+        f"error: CLI_UNAVAILABLE: the itemjournal command needs {missing.name}: "
+        "pip install 'itemjournal[cli]'\n"
+    )
+    raise SystemExit(1) from None
 
 from ._errors import ConflictError, InvalidArgument, JournalError
 from ._filestore import SETTINGS_NAME
@@ -1467,9 +1488,14 @@ def _loopback(host: str) -> bool:
 
 
 @cli.command("serve")
+@click.argument("where", required=False, default=None, metavar="[LOCATION]")
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
 @click.option(
-    "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="The port."
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="The port (0: any free one).",
 )
 @click.option(
     "--token",
@@ -1482,6 +1508,7 @@ def _loopback(host: str) -> bool:
 def serve_command(
     ctx: click.Context,
     *,
+    where: str | None,
     host: str,
     port: int,
     token: str | None,
@@ -1489,8 +1516,13 @@ def serve_command(
     input_key_file: str | None,
     trust_shared_root: bool,
 ) -> int:
-    """Serve a read-only web viewer of the journal (127.0.0.1 by default)."""
-    settings = _settings(ctx, location, input_key_file, trust_shared_root)
+    """Serve a read-only web viewer of the journal (127.0.0.1 by default).
+
+    The location may also be given here, as LOCATION, instead of with -L.
+    """
+    if where is not None and location is not None and where != location:
+        raise click.UsageError("give the location once: as LOCATION or with -L", ctx)
+    settings = _settings(ctx, where or location, input_key_file, trust_shared_root)
     if token is not None and not token.strip():
         raise CommandError("INVALID_ARGUMENT", "the viewer token must not be blank")
     if not _loopback(host) and token is None:
