@@ -12,6 +12,7 @@ import pytest
 from blockbuster import BlockBuster, BlockBusterFunction, blockbuster_ctx
 
 from itemjournal import Journal
+from itemjournal.testing import MemoryStore
 
 # Calls blockbuster does not watch by itself but that a store makes on every save.
 _EXTRA_BLOCKING = ("open", "fsync", "fdatasync", "fstat", "lstat", "makedirs")
@@ -45,18 +46,32 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "journal"
 
 
-STORE_KINDS = ("file", "sqlite")
+STORE_KINDS = ("file", "sqlite", "memory")
 
 
 @pytest.fixture(params=STORE_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
-    """Which store the conformance tests run on (every test using ``journal``)."""
-    return str(request.param)
+    """Which store the conformance tests run on (every test using ``journal``).
+
+    The in-memory store has no location: it runs the tests that take their journals from
+    ``journal`` or ``make_journal``; a test that only uses the kind to build a location
+    of its own is skipped for it.
+    """
+    kind = str(request.param)
+    if kind == "memory" and "make_journal" not in request.fixturenames:
+        pytest.skip("an in-memory store has no location")
+    return kind
 
 
 @pytest.fixture
 def location(store_kind: str, root: Path) -> str:
-    """The ``Journal.open`` location of the test's journal, for the store under test."""
+    """The ``Journal.open`` location of the test's journal, for the store under test.
+
+    The in-memory store has none: a test that needs one (to open it again, from another
+    process, or to look at its files) is skipped for it.
+    """
+    if store_kind == "memory":
+        pytest.skip("an in-memory store has no location")
     if store_kind == "sqlite":
         return f"sqlite://{root}/journal.db"
     return str(root)
@@ -69,16 +84,48 @@ def file_only(store_kind: str) -> None:
         pytest.skip("about the file store's files")
 
 
+@pytest.fixture
+def on_disk(store_kind: str) -> None:
+    """Skip (for the in-memory store) a test that looks at the files a store writes."""
+    if store_kind == "memory":
+        pytest.skip("an in-memory store writes no files")
+
+
+@pytest.fixture
+def separate_stores(store_kind: str) -> None:
+    """Skip (for the in-memory store) a test that needs each journal from ``make_journal``
+    to hold a store of its own: the in-memory store's journals share one."""
+    if store_kind == "memory":
+        pytest.skip("the journals of an in-memory store share one store")
+
+
 JournalFactory = Callable[..., Awaitable[Journal]]
 
 
 @pytest.fixture
-async def make_journal(location: str) -> AsyncIterator[JournalFactory]:
-    """Open journals over the test's location; all are closed at the end."""
+async def make_journal(
+    store_kind: str, request: pytest.FixtureRequest
+) -> AsyncIterator[JournalFactory]:
+    """Open journals over the test's location; all are closed at the end.
+
+    For the in-memory store, every journal is made over one ``MemoryStore``, so that they
+    share records as journals opened on one location do; ``lock_timeout`` and
+    ``trust_shared_root`` mean nothing to it.
+    """
     opened: list[Journal] = []
+    shared = MemoryStore() if store_kind == "memory" else None
+    location = None if shared is not None else str(request.getfixturevalue("location"))
 
     async def factory(**options: object) -> Journal:
-        journal = await Journal.open(location, **options)  # type: ignore[arg-type]
+        if shared is not None:
+            unknown = set(options) - {"input_key", "lock_timeout", "trust_shared_root"}
+            assert not unknown, f"no such option: {sorted(unknown)}"
+            input_key = options.get("input_key")
+            assert input_key is None or isinstance(input_key, bytes)
+            journal = Journal(shared, input_key=input_key)
+        else:
+            assert location is not None
+            journal = await Journal.open(location, **options)  # type: ignore[arg-type]
         opened.append(journal)
         return journal
 

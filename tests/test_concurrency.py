@@ -186,7 +186,7 @@ async def test_64_concurrent_begins_on_one_journal_grant_one_claim(journal: Jour
 
 
 async def test_64_concurrent_begins_on_two_journals_grant_one_claim(
-    make_journal: Callable[..., Awaitable[Journal]],
+    make_journal: Callable[..., Awaitable[Journal]], separate_stores: None
 ) -> None:
     first = await make_journal()
     second = await make_journal()
@@ -391,7 +391,9 @@ async def _begin_cancelled_by_peer(
     return got, tg.cancel_scope.cancel_called
 
 
-async def test_a_cancelled_begin_either_claimed_or_left_nothing(journal: Journal) -> None:
+async def test_a_cancelled_begin_either_claimed_or_left_nothing(
+    journal: Journal, on_disk: None
+) -> None:
     rng = random.Random(0x1DE4)
     started = time.perf_counter()
     calibration = await journal.begin(ident("calibrate"), INPUTS, DEFINITION)

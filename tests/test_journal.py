@@ -330,7 +330,9 @@ async def test_files_are_private(journal: Journal, root: Path, file_only: None) 
     assert sorted(p.name for p in path.parent.iterdir()) == [".lock", path.name]
 
 
-async def test_inputs_are_never_stored_in_plain_text(journal: Journal, root: Path) -> None:
+async def test_inputs_are_never_stored_in_plain_text(
+    journal: Journal, root: Path, on_disk: None
+) -> None:
     secret = "4242-4242-4242-4242"
     claim = await journal.begin(ITEM, {"card": secret}, V1)
     assert isinstance(claim, Claim)

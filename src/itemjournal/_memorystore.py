@@ -1,0 +1,244 @@
+"""The in-memory store: record documents in a dict, for unit tests.
+
+It keeps each record as the exact bytes the durable stores would write
+(``encode_record``) and reads them back through the same strict reader
+(``decode_record``), so a journal over it refuses, accepts and answers exactly as it
+would over a file or a database; only durability is missing. Nothing survives the
+process, and nothing is shared with another one.
+
+Steps run in worker threads, one trip per operation, as in the durable stores: the
+journal's steps read ``/proc`` to tell whether an owner process is alive, and that must
+not happen on the event loop. A lock per identity, taken only inside the worker trip,
+makes read-step-write atomic for that identity; different identities proceed in
+parallel.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from ._errors import InvalidArgument, RecordInvalid, StorageFailed
+from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
+from ._records import Record, decode_record, encode_record
+from ._store import Step, StepFunction
+from ._threads import run_in_thread
+
+__all__ = ["MemoryStore"]
+
+T = TypeVar("T")
+
+
+class MemoryStore:
+    """Record documents held in memory, for the unit tests of code that uses a journal.
+
+    ``Journal(MemoryStore())`` is ready at once: no directory, no database, no
+    ``await open()`` (``open`` may still be called; it does nothing). Every journal made
+    over one ``MemoryStore`` sees the same records, as journals opened on one location
+    would. The store keeps the record documents byte for byte and reads them as strictly
+    as the durable stores, so the journal behaves the same over it; but nothing is
+    written anywhere: **nothing survives the process**, and other processes cannot see
+    it. Use a file or SQLite location for anything that must be remembered.
+
+    ``document`` and ``put_document`` read and replace a record's stored bytes behind
+    the journal's back, so that a test can see what was written or plant a damaged
+    record (which the journal then reports as ``RECORD_INVALID``).
+    """
+
+    def __init__(self) -> None:
+        self.location = f"memory:{secrets.token_hex(8)}"
+        self._documents: dict[str, bytes] = {}  # identity digest -> record document
+        self._settings: dict[str, str] = {}
+        # One lock per identity ever written, held only inside a worker trip, for the
+        # whole read-step-write. The dicts need no lock of their own: each touch of them
+        # is one dict operation, atomic in Python, so that nothing running on the event
+        # loop (``setting``, ``document``) ever waits for a worker thread.
+        self._identity_locks: dict[str, threading.Lock] = {}
+        self._closed = False
+        self._in_flight = 0  # worker trips under way
+        self._idle: anyio.Event | None = None  # set when the last trip ends after aclose
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.location!r})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        """Nothing to create or check: a memory store is open from the start.
+
+        Refused (``STORAGE_FAILED``) once the store is closed, like every other call.
+        """
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+
+    async def aclose(self) -> None:
+        """Refuse new calls, then wait for the calls under way (their worker trips) to end.
+
+        The wait is shielded: a cancelled ``aclose`` still returns only after every trip
+        under way has ended, and then lets the cancellation go on. The records stay in
+        memory (``document`` still reads them) until the store itself is dropped.
+        """
+        self._closed = True
+        if not self._in_flight:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._idle is None:
+            self._idle = anyio.Event()
+        idle = self._idle
+        cancelled: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            while self._in_flight:
+                try:
+                    await idle.wait()
+                except anyio.get_cancelled_exc_class() as error:  # a native cancel
+                    cancelled = error
+        if cancelled is not None:
+            raise cancelled
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageFailed(f"{self!r} is closed")
+
+    async def _trip(self, function: Callable[..., T], *args: Any) -> T:
+        """One worker trip, counted so that ``aclose`` can wait for it."""
+        if self._closed:
+            await anyio.lowlevel.checkpoint()  # every call is a checkpoint, a refused one too
+            self._check_open()
+        self._in_flight += 1
+        try:
+            return await run_in_thread(function, *args)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
+
+    # ------------------------------------------------------------------ the seam
+
+    async def setting(self, name: str, value: str) -> str:
+        """The store's recorded value of ``name``; records ``value`` first if none is."""
+        for what, text in (("name", name), ("value", value)):
+            if not isinstance(text, str) or (what == "name" and not text):
+                raise InvalidArgument(
+                    f"a setting's {what} is a non-empty string, not {text!r}",
+                    code="INVALID_ARGUMENT",
+                )
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        return self._settings.setdefault(name, value)
+
+    async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        """Read the record, run ``step``, keep what it writes, answer; see ``Store.apply``."""
+        return await self._trip(self._apply_sync, identity, step)
+
+    async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        """Read the record and pass it to ``view``, in one worker trip."""
+        return await self._trip(self._peek_sync, identity, view)
+
+    async def scan(
+        self, *, status: str | None = None, batch: int = 256
+    ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
+        """Every record in the order of its identity digest, ``batch`` per worker trip.
+
+        The digests are taken when the scan starts: a record added later is not seen, one
+        removed meanwhile is skipped, and one replaced is read as it is when its batch is
+        read. A document that cannot be read strictly comes as ``RecordInvalid``, whatever
+        ``status`` asks.
+        """
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise InvalidArgument(
+                f"a scan's batch is a positive integer, not {batch!r}", code="INVALID_ARGUMENT"
+            )
+        digests = await self._trip(self._digests_sync)
+        for start in range(0, len(digests), batch):
+            page = await self._trip(self._load_sync, digests[start : start + batch], status)
+            for item in page:
+                yield item
+
+    async def check(self) -> list[str]:
+        """The store's own problems beyond its records: none. A memory store has no temp
+        files, no metadata and no database to damage; each record is checked by ``scan``."""
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        return []
+
+    # ------------------------------------------------------------------ for tests
+
+    def document(self, identity: IdentityLike) -> bytes | None:
+        """The stored bytes of the record of ``identity`` (None when there is none)."""
+        return self._documents.get(identity_digest(coerce_identity(identity)))
+
+    def put_document(self, identity: IdentityLike, data: bytes | None) -> None:
+        """Store ``data`` as the record of ``identity`` as it is, unchecked (None removes it).
+
+        For tests of what a journal does with a record it did not write: damaged bytes
+        are kept as given and read back as ``RECORD_INVALID``.
+        """
+        digest = identity_digest(coerce_identity(identity))
+        if data is not None and not isinstance(data, bytes):
+            raise InvalidArgument(
+                f"a record document is bytes, not {type(data).__name__}", code="INVALID_ARGUMENT"
+            )
+        if data is None:
+            self._documents.pop(digest, None)
+        else:
+            self._documents[digest] = data
+
+    # ------------------------------------------------------------------ worker-thread code
+
+    def _where(self, digest: str) -> str:
+        return f"{self.location}#{digest}"
+
+    def _identity_lock(self, digest: str) -> threading.Lock:
+        lock = self._identity_locks.get(digest)
+        if lock is None:
+            lock = self._identity_locks.setdefault(digest, threading.Lock())
+        return lock
+
+    def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T:
+        digest = identity_digest(identity)
+        where = self._where(digest)
+        with self._identity_lock(digest):
+            data = self._documents.get(digest)
+            current = None if data is None else decode_record(data, identity, location=where)
+            decision: Step[T] = step(current)
+            if decision.delete:
+                self._documents.pop(digest, None)
+                return decision.answer
+            if decision.write is None:
+                return decision.answer
+            # Refuses (RECORD_INVALID) what the strict reader would, an oversize record too.
+            self._documents[digest] = encode_record(decision.write)
+            return decision.answer
+
+    def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        digest = identity_digest(identity)
+        data = self._documents.get(digest)
+        record = (
+            None if data is None else decode_record(data, identity, location=self._where(digest))
+        )
+        return view(record)
+
+    def _digests_sync(self) -> list[str]:
+        return sorted(list(self._documents))  # one copy of the keys, then the sort
+
+    def _load_sync(
+        self, digests: list[str], status: str | None
+    ) -> list[Record | RecordInvalid | StorageFailed]:
+        found = [(digest, self._documents.get(digest)) for digest in digests]
+        page: list[Record | RecordInvalid | StorageFailed] = []
+        for digest, data in found:
+            if data is None:  # removed since the scan started
+                continue
+            try:
+                record = decode_record(data, digest, location=self._where(digest))
+            except RecordInvalid as error:
+                page.append(error)
+                continue
+            if status is None or record.status == status:
+                page.append(record)
+        return page
