@@ -177,7 +177,7 @@ async def test_64_concurrent_begins_on_one_journal_grant_one_claim(journal: Jour
 
     assert len(claims) == 1
     assert len(errors) == 63
-    assert {e.code for e in errors} == {"REVIEW_REQUIRED"}
+    assert {e.code for e in errors} == {"IN_PROGRESS"}
     assert all(e.view is not None and e.view.status == "started" for e in errors)
     view = await journal.inspect(identity)
     assert view.status == "started"
@@ -196,7 +196,7 @@ async def test_64_concurrent_begins_on_two_journals_grant_one_claim(
 
     assert len(claims) == 1
     assert len(errors) == 63
-    assert {e.code for e in errors} == {"REVIEW_REQUIRED"}
+    assert {e.code for e in errors} == {"IN_PROGRESS"}
     for journal in (first, second):
         view = await journal.inspect(identity)
         assert view.status == "started"

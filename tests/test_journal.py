@@ -119,12 +119,15 @@ async def test_other_definition_is_definition_changed(journal: Journal, setup: o
     await expect("DEFINITION_CHANGED", journal.begin(ITEM, INPUTS, V2))
 
 
-@pytest.mark.parametrize(("setup", "status"), [(claimed, "started"), (in_review, "needs_review")])
-async def test_unresolved_work_is_review_required(
-    journal: Journal, setup: object, status: str
+@pytest.mark.parametrize(
+    ("setup", "status", "code"),
+    [(claimed, "started", "IN_PROGRESS"), (in_review, "needs_review", "REVIEW_REQUIRED")],
+)
+async def test_running_work_is_in_progress_and_uncertain_work_needs_review(
+    journal: Journal, setup: object, status: str, code: str
 ) -> None:
     await setup(journal)  # type: ignore[operator]
-    error = await expect("REVIEW_REQUIRED", journal.begin(ITEM, INPUTS, V1))
+    error = await expect(code, journal.begin(ITEM, INPUTS, V1))
     assert error.view is not None
     assert error.view.status == status
 
@@ -376,7 +379,7 @@ async def test_reopening_through_a_second_journal(make_journal: JournalFactory) 
     first = await make_journal()
     claim = await claimed(first)
     second = await make_journal()
-    await expect("REVIEW_REQUIRED", second.begin(ITEM, INPUTS, V1))
+    await expect("IN_PROGRESS", second.begin(ITEM, INPUTS, V1))
     view = await second.complete(claim, "ch_1")
     assert view.status == "succeeded"
     outcome = await first.begin(ITEM, INPUTS, V1)
@@ -408,7 +411,7 @@ async def test_a_new_process_reuses_the_receipt_and_refuses_unresolved_work(
     )
     assert result.stdout.split("\n")[:2] == [
         "Reuse ch_1 False",
-        "REVIEW_REQUIRED started True",
+        "IN_PROGRESS started True",
     ]
 
 
