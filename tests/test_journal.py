@@ -26,6 +26,7 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
+from itemjournal._identity import identity_digest
 
 if TYPE_CHECKING:
     from conftest import JournalFactory
@@ -310,8 +311,10 @@ async def test_resolve_argument_errors(
 
 async def test_inspect_absent(journal: Journal) -> None:
     view = await journal.inspect(ITEM)
-    assert view == RecordView(identity=Identity(*ITEM), status="absent")
+    key = identity_digest(Identity(*ITEM))
+    assert view == RecordView(identity=Identity(*ITEM), status="absent", key=key)
     assert (view.receipt, view.attempt, view.history, view.owner) == (None, 0, (), None)
+    assert view.key == key  # the same token a Claim would carry
 
 
 async def test_open_needs_an_absolute_directory() -> None:

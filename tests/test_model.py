@@ -348,7 +348,9 @@ class JournalMachine(RuleBasedStateMachine):
         assert view.executed_here is False
         record = self.model.records.get(identity)
         if record is None:
-            assert view == RecordView(identity=identity, status="absent")
+            assert view == RecordView(
+                identity=identity, status="absent", key=identity_digest(identity)
+            )
             return
         assert view.identity == identity
         assert (view.status, view.receipt, view.attempt) == (
