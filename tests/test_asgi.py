@@ -21,6 +21,7 @@ from itemjournal.asgi import (
     MAX_KEY_CHARS,
     IdempotencyMiddleware,
     MalformedKey,
+    claim_of,
     parse_key,
 )
 
@@ -590,3 +591,19 @@ def test_the_middleware_refuses_bad_arguments() -> None:
     with pytest.raises(ValueError, match="wait"):
         IdempotencyMiddleware(app, location="/tmp/j", wait=float("nan"))
     assert len(DEFINITION) == 64
+
+
+async def test_the_handler_finds_its_claim(journal: Journal) -> None:
+    seen: list[str | None] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        claim = claim_of(scope)
+        seen.append(None if claim is None else claim.key)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async with client_for(IdempotencyMiddleware(app, journal=journal, required=False)) as client:
+        await client.post("/x", content=b"", headers=key("c"))
+        await client.post("/x", content=b"")
+    (view,) = [view async for view in journal.records()]
+    assert seen == [view.key, None]

@@ -32,6 +32,8 @@ For each request whose method is in ``methods`` (POST and PATCH by default):
   result is the response (status, the headers in ``REPLAYED_HEADERS`` and the body),
   replayed to every later duplicate with ``Idempotent-Replayed: true``. ``Set-Cookie``
   and other per-response headers are never stored nor replayed.
+* The application finds the journal's claim with ``claim_of(request.scope)``: it passes
+  the claim's ``key`` on to the services it calls, as their own idempotency key.
 * A response whose serialised form exceeds the journal's 64 KiB result limit is
   completed but not replayable: a duplicate gets 409 saying so (and so does a record
   an operator resolved without a response).
@@ -69,6 +71,7 @@ from ._errors import ConflictError, InvalidArgument, JournalError
 from ._identity import definition_digest
 from ._journal import Attempt, Journal
 from ._records import MAX_RESULT_BYTES
+from ._view import Claim
 
 __all__ = [
     "DEFINITION",
@@ -76,6 +79,7 @@ __all__ = [
     "REPLAYED_HEADERS",
     "IdempotencyMiddleware",
     "MalformedKey",
+    "claim_of",
     "parse_key",
 ]
 
@@ -115,6 +119,7 @@ _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 # A bare key: RFC 8941 token characters, also leading digits (bare UUIDs are common).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
 _PROBLEM = "urn:itemjournal:problem:"
+_CLAIM_SCOPE_KEY = "itemjournal.claim"
 # Server extensions that would let a response bypass the body messages we record.
 _BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopy")
 
@@ -170,6 +175,16 @@ def parse_key(value: bytes | str) -> str:
     if len(key) > MAX_KEY_CHARS:
         raise MalformedKey(f"the key has at most {MAX_KEY_CHARS} characters, got {len(key)}")
     return key
+
+
+def claim_of(scope: Scope) -> Claim | None:
+    """The journal's claim on the request being handled (None without a key).
+
+    Hand ``claim_of(request.scope).key`` to a downstream service as *its* idempotency
+    key, so that even an operator-approved retry cannot repeat the effect there.
+    """
+    claim = scope.get(_CLAIM_SCOPE_KEY)
+    return claim if isinstance(claim, Claim) else None
 
 
 def _scope_label(value: str) -> str:
@@ -491,6 +506,7 @@ class IdempotencyMiddleware:
                     await _replay(send, attempt.result, attempt.receipt)
                     return
                 recorder = _Recorder(send, attempt)
+                app_scope[_CLAIM_SCOPE_KEY] = attempt.claim
                 await self.app(app_scope, _replaying(body, receive), recorder.send)
                 if not recorder.started:
                     await attempt.mark_review("the application sent no response")
