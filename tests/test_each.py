@@ -501,7 +501,7 @@ async def test_a_base_exception_is_never_swallowed(journal: Journal) -> None:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
-    with pytest.raises(BaseExceptionGroup) as caught:
+    with pytest.raises(BaseExceptionGroup) as caught, anyio.fail_after(10):
         await run_each(journal, range(10), send, identity=ident, definition=DEFINITION, limit=3)
     assert caught.group_contains(Stop)
     statuses = [(await journal.inspect(ident(item))).status for item in range(4)]

@@ -156,13 +156,16 @@ async def run_each(
     Only ``Exception``s are caught. A cancellation of the caller's scope, or a
     ``KeyboardInterrupt``, ends the whole run: every item in flight is cancelled, its
     record marked ``needs_review`` by the claim block, no new item is started, and the
-    exception goes on (there is no report). An async generator cut short this way is
-    closed.
+    exception goes on (there is no report): a cancellation as it came, any other
+    ``BaseException`` in an exception group, as anyio task groups raise it. An async
+    generator cut short this way is closed.
 
     ``items`` may be an iterable or an async iterable, of any length: an item is taken
     from it only when one of the ``limit`` places is free, so at most ``limit`` items are
-    held at once. If taking the next item raises, no further item is started, the items
-    in flight finish (and are recorded as usual), and then that exception is raised.
+    held at once. A plain iterable is read on the event loop, so taking an item must not
+    block (read a file or a queue through an async iterable). If taking the next item
+    raises, no further item is started, the items in flight finish (and are recorded as
+    usual), and then that exception is raised.
 
     Raises ``InvalidArgument`` before any item starts for a bad argument (``limit`` not a
     positive int, ``fn`` not an ``async def``, a definition that is not usable...).
@@ -344,7 +347,7 @@ class _SyncSource(Generic[T]):
     def __init__(self, iterator: Iterable[T]) -> None:
         self._iterator = iter(iterator)
 
-    def __aiter__(self) -> _SyncSource[T]:
+    def __aiter__(self) -> _SyncSource[T]:  # pragma: no cover - the protocol asks for it
         return self
 
     async def __anext__(self) -> T:
