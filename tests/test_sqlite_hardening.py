@@ -960,3 +960,40 @@ async def test_a_writer_that_cannot_be_reopened_fails_its_batch_and_is_tried_aga
     for n, status in ((1, "absent"), (2, "absent"), (3, "started")):
         assert (await journal.inspect(item(n))).status == status
     await journal.aclose()
+
+
+_OPEN_ONCE = """
+import sys, anyio
+from itemjournal import Journal
+
+async def main():
+    journal = await Journal.open(sys.argv[1])
+    await journal.aclose()
+
+anyio.run(main)
+"""
+
+
+def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    """Several workers starting together (uvicorn --workers 4) on a database that does not
+    exist yet: while one switches it to WAL, the others wait, none fails."""
+    import subprocess
+    import sys
+
+    failures: list[str] = []
+    for round_ in range(4):
+        location = f"sqlite://{tmp_path}/r{round_}/journal.db"
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_ONCE, location],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(6)
+        ]
+        for child in children:
+            _, err = child.communicate(timeout=60)
+            if child.returncode != 0:
+                failures.append(err.strip().splitlines()[-1])
+    assert failures == []

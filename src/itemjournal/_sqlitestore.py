@@ -411,6 +411,8 @@ class SQLiteStore:
             try:
                 opening.connection = self._connect(busy_timeout=0)
             except sqlite3.Error as error:
+                if _busy(error):  # another opener is switching the new file to WAL
+                    return False
                 raise _failure(f"cannot open {self.path}", error) from error
         connection = opening.connection
         try:
