@@ -15,12 +15,15 @@ import pytest
 from itemjournal import (
     Claim,
     ConflictError,
+    EachDone,
+    EachFailure,
+    EachReport,
     Identity,
     InvalidArgument,
     Journal,
     definition_digest,
+    run_each,
 )
-from itemjournal._each import EachDone, EachFailure, EachReport, run_each
 
 pytestmark = pytest.mark.anyio
 

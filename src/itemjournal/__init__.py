@@ -5,6 +5,10 @@ then keeps the receipt you declare, or that the outcome needs review. A rerun
 reuses the receipt, refuses unresolved work and notices changed inputs or code.
 """
 
+from ._each import EachDone as EachDone
+from ._each import EachFailure as EachFailure
+from ._each import EachReport as EachReport
+from ._each import run_each as run_each
 from ._errors import ConflictError as ConflictError
 from ._errors import InvalidArgument as InvalidArgument
 from ._errors import JournalError as JournalError
@@ -34,6 +38,9 @@ __all__ = [
     "Attempt",
     "Claim",
     "ConflictError",
+    "EachDone",
+    "EachFailure",
+    "EachReport",
     "Event",
     "FileStore",
     "FileSystem",
@@ -55,6 +62,7 @@ __all__ = [
     "definition_digest",
     "input_digest",
     "once",
+    "run_each",
 ]
 
 __version__ = "0.1.0"
