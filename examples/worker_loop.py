@@ -1,49 +1,119 @@
 """A worker loop that charges orders through itemjournal.
 
-Run it twice over the same directory (``make demo`` does, through ``demo.py``): the
-first run charges the orders and leaves one whose provider call timed out in
-``needs_review``; the second run reuses every receipt and refuses to charge the uncertain
-order again, until an operator decides (``itemjournal resolve``).
+Three workers drain a queue of five orders against a payment provider that honours
+idempotency keys (``Claim.key``). Run it over the same directory several times
+(``make demo`` does, through ``demo.py``):
+
+* the first run (``--fresh``): the provider never answers for order-3, so its outcome is
+  unknown and the claim block marks it ``needs_review``; order-5 is charged by the provider
+  and then the worker process is killed (SIGKILL) before it records the receipt, leaving
+  order-5 ``started`` by a process that no longer exists;
+* a rerun reuses every receipt, finds order-5's owner gone and refuses it
+  (``REVIEW_REQUIRED``, "owner process gone"), refuses order-3, and asks the provider
+  nothing, until an operator decides (``itemjournal resolve``).
 
     python examples/worker_loop.py --root /tmp/demo-journal --fresh
     python examples/worker_loop.py --root /tmp/demo-journal
 
 ``--root`` defaults to ``$ITEMJOURNAL_LOCATION``, the variable the ``itemjournal``
-command reads, or else ``./demo-journal``.
+command reads, or else ``./demo-journal``. The provider keeps its charges in
+``<root>.provider.jsonl``, one JSON line per charge, beside the journal.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import shutil
+import signal
+import sys
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 import itemjournal
 from itemjournal import ConflictError, Journal
 
-ORDERS = {"order-1": "12.00", "order-2": "7.50", "order-3": "99.90", "order-4": "3.20"}
-SLOW_ORDER = "order-3"  # the provider never answers for this one on the first run
+ORDERS = {
+    "order-1": "12.00",
+    "order-2": "7.50",
+    "order-3": "99.90",
+    "order-4": "3.20",
+    "order-5": "45.00",
+}
+SLOW_ORDER = "order-3"  # on the first run the provider never answers for this one
+KILLED_ORDER = "order-5"  # on the first run the worker dies after this charge
+WORKERS = 3
 DEFINITION = itemjournal.definition_digest("charge-v1")
 
 
-class Provider:
-    """A stand-in payment provider that honours idempotency keys, as real ones do."""
+def ledger_path(root: str) -> str:
+    return root.rstrip(os.sep) + ".provider.jsonl"
 
-    def __init__(self, hang_on: str | None) -> None:
+
+def read_ledger(path: str) -> list[dict[str, str]]:
+    """Every charge the provider has made, oldest first."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return [json.loads(line) for line in file if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class Provider:
+    """A stand-in payment provider that honours idempotency keys, as real ones do: the
+    same key returns the same charge id and never charges twice, across processes."""
+
+    def __init__(self, ledger: str, hang_on: str | None) -> None:
+        self.ledger = ledger
         self.hang_on = hang_on
-        self.charges: dict[str, str] = {}
+        self.asked = 0
+        self.charged = 0
+
+    def _charge_sync(self, order: str, amount: str, idempotency_key: str) -> str:
+        for line in read_ledger(self.ledger):
+            if line["idempotency_key"] == idempotency_key:
+                return line["charge"]
+        charge = f"ch_{secrets.token_hex(6)}"
+        entry = {
+            "idempotency_key": idempotency_key,
+            "charge": charge,
+            "order": order,
+            "amount": amount,
+        }
+        data = (json.dumps(entry) + "\n").encode()
+        fd = os.open(self.ledger, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.charged += 1
+        return charge
 
     async def charge(self, order: str, amount: str, idempotency_key: str) -> str:
+        self.asked += 1
         await anyio.sleep(0.01)
         if order == self.hang_on:
             await anyio.sleep_forever()
-        receipt = self.charges.setdefault(idempotency_key, f"ch_{order}_{amount}")
-        return receipt
+        return await anyio.to_thread.run_sync(self._charge_sync, order, amount, idempotency_key)
 
 
-async def process(journal: Journal, provider: Provider, order: str, amount: str) -> str:
+def die_now(order: str, charge: str) -> None:
+    print(
+        f"  {order}: charged by the provider ({charge}); the worker process is killed "
+        f"(SIGKILL) before it records the receipt",
+        flush=True,
+    )
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def process(
+    journal: Journal, provider: Provider, order: str, amount: str, crash: anyio.Event | None
+) -> str:
     identity = ("demo-shop", "billing", "charge", order)
     try:
         async with journal.claim(identity, {"amount": amount}, DEFINITION) as attempt:
@@ -52,6 +122,9 @@ async def process(journal: Journal, provider: Provider, order: str, amount: str)
             assert attempt.claim is not None
             with anyio.fail_after(0.5):
                 receipt = await provider.charge(order, amount, attempt.claim.key)
+            if crash is not None:
+                await crash.wait()  # let every other order settle first
+                die_now(order, receipt)
             await attempt.complete(receipt)
             return f"charged, receipt {receipt}"
     except TimeoutError:
@@ -61,26 +134,50 @@ async def process(journal: Journal, provider: Provider, order: str, amount: str)
 
 
 async def run(root: str, fresh: bool) -> None:
+    ledger = ledger_path(root)
     if fresh:
-        await anyio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))
+
+        def clean() -> None:
+            shutil.rmtree(root, ignore_errors=True)
+            if os.path.exists(ledger):
+                os.remove(ledger)
+
+        await anyio.to_thread.run_sync(clean)
     first = fresh
-    provider = Provider(hang_on=SLOW_ORDER if first else None)
+    provider = Provider(ledger, hang_on=SLOW_ORDER if first else None)
+    others_settled = anyio.Event()
+    settled = 0
     label = "first run" if first else "rerun"
-    print(f"== {label} (pid {os.getpid()}), journal at {root}")
+    print(f"== {label} (pid {os.getpid()}, {WORKERS} workers), journal at {root}", flush=True)
     async with await Journal.open(root) as journal:
-        results: dict[str, str] = {}
 
-        async def one(order: str, amount: str) -> None:
-            results[order] = await process(journal, provider, order, amount)
+        async def worker(queue: MemoryObjectReceiveStream[tuple[str, str]]) -> None:
+            nonlocal settled
+            async with queue:
+                async for order, amount in queue:
+                    crash = others_settled if first and order == KILLED_ORDER else None
+                    outcome = await process(journal, provider, order, amount, crash)
+                    view = await journal.inspect(("demo-shop", "billing", "charge", order))
+                    reviewed = view.status == "needs_review" and view.review_reason
+                    why = f", reason: {view.review_reason}" if reviewed else ""
+                    print(f"  {order}: {outcome}  [{view.status}{why}]", flush=True)
+                    settled += 1
+                    if settled == len(ORDERS) - 1:
+                        others_settled.set()
 
+        send, receive = anyio.create_memory_object_stream[tuple[str, str]](len(ORDERS))
         async with anyio.create_task_group() as tg:
-            for order, amount in ORDERS.items():
-                tg.start_soon(one, order, amount)
-        for order in ORDERS:
-            view = await journal.inspect(("demo-shop", "billing", "charge", order))
-            why = f", reason: {view.review_reason}" if view.review_reason else ""
-            print(f"  {order}: {results[order]}  [{view.status}{why}]")
-        print(f"  the provider made {len(provider.charges)} charge(s) in this run")
+            for _ in range(WORKERS):
+                tg.start_soon(worker, receive.clone())
+            receive.close()
+            async with send:
+                for order, amount in ORDERS.items():
+                    await send.send((order, amount))
+        print(
+            f"  the provider was asked {provider.asked} time(s) and made "
+            f"{provider.charged} new charge(s) in this run",
+            flush=True,
+        )
 
 
 def main() -> None:

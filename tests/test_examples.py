@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,31 +11,43 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def run(*args: str) -> str:
+def run(*args: str, expect: int = 0) -> str:
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "worker_loop.py"), *args],
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=False,
     )
+    assert result.returncode == expect, result.stderr
     return result.stdout
 
 
-def test_worker_loop_twice(tmp_path: Path) -> None:
+def ledger(root: str) -> list[dict[str, str]]:
+    text = Path(root + ".provider.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_worker_loop_dies_then_reruns(tmp_path: Path) -> None:
     root = str(tmp_path / "demo")
-    first = run("--root", root, "--fresh")
+    first = run("--root", root, "--fresh", expect=-signal.SIGKILL)
     assert first.count("charged, receipt") == 3
     assert "order-3: provider timed out" in first
     assert "[needs_review, reason: block raised TimeoutError]" in first
-    assert "made 3 charge(s)" in first
+    assert "order-5: charged by the provider (ch_" in first
+    assert "killed (SIGKILL) before it records the receipt" in first
+    charged = ledger(root)
+    assert sorted(line["order"] for line in charged) == ["order-1", "order-2", "order-4", "order-5"]
     second = run("--root", root)
     assert second.count("reused receipt") == 3
     assert "order-3: refused (REVIEW_REQUIRED)" in second
-    assert "made 0 charge(s)" in second
+    assert "order-5: refused (REVIEW_REQUIRED)" in second
+    assert "[needs_review, reason: owner process gone]" in second
+    assert "asked 0 time(s) and made 0 new charge(s)" in second
+    assert ledger(root) == charged
 
 
-def test_demo_ends_with_the_operator_resolving_the_stuck_item(tmp_path: Path) -> None:
+def test_demo_ends_with_the_operator_resolving_both_items(tmp_path: Path) -> None:
     root = str(tmp_path / "demo")
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "demo.py"), "--root", root],
@@ -46,9 +60,12 @@ def test_demo_ends_with_the_operator_resolving_the_stuck_item(tmp_path: Path) ->
     assert "Traceback" not in result.stderr
     steps = [
         "$ python examples/worker_loop.py --fresh",
+        "died by SIGKILL (return code -9)",
         "$ python examples/worker_loop.py",
-        "$ itemjournal list",
-        "$ itemjournal show demo-shop billing charge order-3",
+        "$ itemjournal list --status needs_review",
+        "$ itemjournal show demo-shop billing charge order-5",
+        "the provider's dashboard",
+        "$ itemjournal resolve demo-shop billing charge order-5 --receipt ch_",
         "$ itemjournal resolve demo-shop billing charge order-3 --retry --note",
         "$ python examples/worker_loop.py",
         "$ itemjournal list",
@@ -56,13 +73,38 @@ def test_demo_ends_with_the_operator_resolving_the_stuck_item(tmp_path: Path) ->
     at = 0
     for step in steps:  # each step shown, in this order
         at = out.index(step, at) + len(step)
-    before_resolve, after_resolve = out.split("$ itemjournal resolve", 1)
-    first_list = before_resolve.split("$ itemjournal list", 1)[1]
-    assert "needs_review" in first_list and "block raised TimeoutError" in first_list
-    assert "resolved demo-shop/billing/charge/order-3: released" in after_resolve
-    assert "order-3: charged, receipt ch_order-3_99.90" in after_resolve
-    assert "the provider made 1 charge(s) in this run" in after_resolve
+    first, rest = out.split("$ python examples/worker_loop.py\n", 1)
+    rerun, operator = rest.split("$ itemjournal list --status needs_review", 1)
+    operator, last_run = operator.split("$ python examples/worker_loop.py\n", 1)
+
+    charges = ledger(root)
+    assert len(charges) == 5
+    by_order: dict[str, list[str]] = {}
+    for line in charges:
+        by_order.setdefault(line["order"], []).append(line["charge"])
+    assert sorted(by_order) == ["order-1", "order-2", "order-3", "order-4", "order-5"]
+    assert all(len(ids) == 1 for ids in by_order.values())  # never charged twice
+    (charge_5,) = by_order["order-5"]
+    (charge_3,) = by_order["order-3"]
+
+    assert f"order-5: charged by the provider ({charge_5})" in first
+    assert "order-3: provider timed out" in first
+    assert "order-5: refused (REVIEW_REQUIRED)" in rerun and "owner process gone" in rerun
+    assert "order-3: refused (REVIEW_REQUIRED)" in rerun
+    assert "asked 0 time(s)" in rerun
+    review_list = operator.split("$ itemjournal show", 1)[0]
+    assert review_list.count("needs_review   demo-shop") == 2
+    assert "block raised TimeoutError" in review_list and "owner process gone" in review_list
+    assert f'"charge": "{charge_5}"' in operator and "order-3: no charge for key" in operator
+    assert f"resolved demo-shop/billing/charge/order-5: succeeded, receipt {charge_5}" in operator
+    assert "resolved demo-shop/billing/charge/order-3: released" in operator
+
+    assert f"order-3: charged, receipt {charge_3}" in last_run
+    assert f"order-5: reused receipt {charge_5}" in last_run
+    assert last_run.count("reused receipt") == 4
+    assert "asked 1 time(s) and made 1 new charge(s)" in last_run
     last_list = out.rsplit("$ itemjournal list", 1)[1]
-    assert last_list.count("succeeded") == 4
+    assert last_list.count("succeeded") == 5
+    assert "order-5   1" in last_list and f"receipt {charge_5}" in last_list
     assert "needs_review" not in last_list
-    assert last_list.rstrip().endswith("4 records")
+    assert last_list.rstrip().endswith("5 records")
