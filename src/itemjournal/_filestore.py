@@ -43,7 +43,7 @@ from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
 from ._owner import local_process_space, own_process, process_alive
 from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
 from ._store import Step, StepFunction
-from ._threads import run_in_thread
+from ._threads import Trips, run_in_thread
 from ._trust import require_private
 
 __all__ = ["FileStore"]
@@ -248,9 +248,7 @@ class FileStore:
         self.trust_shared_root = trust_shared_root
         self._known_dirs: set[str] = set()  # fan-outs whose entry in the root is synced
         self._temp_prefix: tuple[int, str] | None = None  # (pid, prefix with a known token)
-        self._closed = False
-        self._in_flight = 0  # worker trips under way
-        self._idle: anyio.Event | None = None  # set when the last trip ends after aclose
+        self._trips = Trips(self)  # worker trips under way; closing waits for them
 
     def __repr__(self) -> str:
         return f"FileStore({self.location!r})"
@@ -306,39 +304,14 @@ class FileStore:
         under way has ended, and then lets the cancellation go on. A file store holds
         nothing open between calls, so there is nothing else to release.
         """
-        self._closed = True
-        if not self._in_flight:
-            await anyio.lowlevel.checkpoint()
-            return
-        if self._idle is None:
-            self._idle = anyio.Event()
-        idle = self._idle
-        cancelled: BaseException | None = None
-        with anyio.CancelScope(shield=True):
-            while self._in_flight:
-                try:
-                    await idle.wait()
-                except anyio.get_cancelled_exc_class() as error:  # a native cancel
-                    cancelled = error
-        if cancelled is not None:
-            raise cancelled
+        await self._trips.close()
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StorageFailed(f"{self!r} is closed")
+        self._trips.check_open()
 
     async def _trip(self, function: Callable[..., T], *args: Any) -> T:
         """One worker trip, counted so that ``aclose`` can wait for it."""
-        if self._closed:
-            await anyio.lowlevel.checkpoint()  # every call is a checkpoint, a refused one too
-            self._check_open()
-        self._in_flight += 1
-        try:
-            return await run_in_thread(function, *args)
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight and self._idle is not None:
-                self._idle.set()
+        return await self._trips.run(function, *args)
 
     def _require_private(self, fd: int, path: str, what: str) -> None:
         if not self.trust_shared_root:

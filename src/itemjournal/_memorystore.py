@@ -27,7 +27,7 @@ from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
 from ._records import Record, decode_record, encode_record
 from ._store import Step, StepFunction
-from ._threads import run_in_thread
+from ._threads import Trips
 
 __all__ = ["MemoryStore"]
 
@@ -59,9 +59,7 @@ class MemoryStore:
         # is one dict operation, atomic in Python, so that nothing running on the event
         # loop (``setting``, ``document``) ever waits for a worker thread.
         self._identity_locks: dict[str, threading.Lock] = {}
-        self._closed = False
-        self._in_flight = 0  # worker trips under way
-        self._idle: anyio.Event | None = None  # set when the last trip ends after aclose
+        self._trips = Trips(self)  # worker trips under way; closing waits for them
 
     def __repr__(self) -> str:
         return f"MemoryStore({self.location!r})"
@@ -83,39 +81,14 @@ class MemoryStore:
         under way has ended, and then lets the cancellation go on. The records stay in
         memory (``document`` still reads them) until the store itself is dropped.
         """
-        self._closed = True
-        if not self._in_flight:
-            await anyio.lowlevel.checkpoint()
-            return
-        if self._idle is None:
-            self._idle = anyio.Event()
-        idle = self._idle
-        cancelled: BaseException | None = None
-        with anyio.CancelScope(shield=True):
-            while self._in_flight:
-                try:
-                    await idle.wait()
-                except anyio.get_cancelled_exc_class() as error:  # a native cancel
-                    cancelled = error
-        if cancelled is not None:
-            raise cancelled
+        await self._trips.close()
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StorageFailed(f"{self!r} is closed")
+        self._trips.check_open()
 
     async def _trip(self, function: Callable[..., T], *args: Any) -> T:
         """One worker trip, counted so that ``aclose`` can wait for it."""
-        if self._closed:
-            await anyio.lowlevel.checkpoint()  # every call is a checkpoint, a refused one too
-            self._check_open()
-        self._in_flight += 1
-        try:
-            return await run_in_thread(function, *args)
-        finally:
-            self._in_flight -= 1
-            if not self._in_flight and self._idle is not None:
-                self._idle.set()
+        return await self._trips.run(function, *args)
 
     # ------------------------------------------------------------------ the seam
 

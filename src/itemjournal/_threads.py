@@ -15,9 +15,12 @@ from collections.abc import Callable
 from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
-__all__ = ["run_in_thread"]
+from ._errors import StorageFailed
+
+__all__ = ["Trips", "run_in_thread"]
 
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
@@ -79,3 +82,55 @@ async def run_in_thread(function: Callable[[Unpack[Args]], T], *args: *Args) -> 
                         continue  # another native cancel: the trip still has to end first
         raise
     return trip.result()
+
+
+class Trips:
+    """The worker trips of one store: counted, so that closing can wait for them.
+
+    ``run`` refuses once ``close`` has begun (``STORAGE_FAILED``, after a checkpoint: every
+    call is one, a refused call too). ``close`` returns only after every trip under way has
+    ended; its wait is shielded, and a native cancellation that arrives meanwhile is
+    raised once the trips are done.
+    """
+
+    __slots__ = ("_idle", "_in_flight", "_owner", "closed")
+
+    def __init__(self, owner: object) -> None:
+        self._owner = owner  # named in the "closed" error
+        self.closed = False
+        self._in_flight = 0
+        self._idle: anyio.Event | None = None  # set when the last trip ends after close
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise StorageFailed(f"{self._owner!r} is closed")
+
+    async def run(self, function: Callable[[Unpack[Args]], T], *args: *Args) -> T:
+        if self.closed:
+            await anyio.lowlevel.checkpoint()
+            self.check_open()
+        self._in_flight += 1
+        try:
+            return await run_in_thread(function, *args)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight and self._idle is not None:
+                self._idle.set()
+
+    async def close(self) -> None:
+        self.closed = True
+        if not self._in_flight:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._idle is None:
+            self._idle = anyio.Event()
+        idle = self._idle
+        cancelled: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            while self._in_flight:
+                try:
+                    await idle.wait()
+                except anyio.get_cancelled_exc_class() as error:  # a native cancel
+                    cancelled = error
+        if cancelled is not None:
+            raise cancelled
