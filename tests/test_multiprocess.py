@@ -124,6 +124,7 @@ def lock_is_free(path: Path) -> bool:
         os.close(fd)
 
 
+@pytest.mark.slow
 async def test_sigkill_at_random_moments(
     location: str, root: Path, store_kind: str, anyio_backend: str
 ) -> None:
