@@ -481,7 +481,8 @@ async def test_claim_block_whose_review_mark_fails(root: Path) -> None:
     [
         ("/tmp/with\0nul", "ABSOLUTE_ROOT_REQUIRED"),
         ("sqlite:///tmp/with\0nul.db", "ABSOLUTE_ROOT_REQUIRED"),
-        ("postgresql://localhost/test", "INVALID_ARGUMENT"),
+        ("https://example.invalid/journal", "ABSOLUTE_ROOT_REQUIRED"),
+        ("sqlite:relative.db", "ABSOLUTE_ROOT_REQUIRED"),
     ],
 )
 async def test_locations_that_cannot_be_opened(location: str, code: str) -> None:

@@ -40,7 +40,7 @@ from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
-from ._owner import local_process_space, own_process, process_alive
+from ._owner import ProcessOwners, local_process_space, own_process, process_alive
 from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import Trips, run_in_thread
@@ -216,7 +216,7 @@ def encode_settings(settings: dict[str, str]) -> bytes:
     return (json.dumps(document, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode()
 
 
-class FileStore:
+class FileStore(ProcessOwners):
     """Record documents in a directory the caller owns and trusts.
 
     ``trust_shared_root=True`` skips the check that the root and its fan-out directories
@@ -249,6 +249,13 @@ class FileStore:
         self._known_dirs: set[str] = set()  # fan-outs whose entry in the root is synced
         self._temp_prefix: tuple[int, str] | None = None  # (pid, prefix with a known token)
         self._trips = Trips(self)  # worker trips under way; closing waits for them
+
+    @classmethod
+    def from_location(
+        cls, location: str, *, lock_timeout: float, trust_shared_root: bool
+    ) -> FileStore:
+        """The store for ``Journal.open``'s location (an absolute directory)."""
+        return cls(location, lock_timeout=lock_timeout, trust_shared_root=trust_shared_root)
 
     def __repr__(self) -> str:
         return f"FileStore({self.location!r})"

@@ -27,7 +27,6 @@ from ._errors import (
     StorageFailed,
     UnresolvedClaim,
 )
-from ._filestore import FileStore
 from ._identity import (
     Identity,
     IdentityLike,
@@ -38,17 +37,17 @@ from ._identity import (
     identity_digest,
     require_hash,
 )
-from ._owner import current_owner, owner_alive
+from ._locations import open_store
 from ._records import (
     MAX_NOTE_CHARS,
     STATUSES,
+    Owner,
     Record,
     note_problem,
     receipt_problem,
     result_problem,
     utc_now,
 )
-from ._sqlitestore import SQLiteStore
 from ._store import Step, Store
 from ._threads import run_in_thread
 from ._view import Claim, PruneReport, RecordView, Reuse, SweepReport
@@ -69,18 +68,24 @@ _LAST_POLL = 1.0  # the longest pause (and how often a waiter on our own claim r
 _INPUT_KIND: str = "input_kind"
 
 
-def _view(identity: Identity, record: Record | None) -> RecordView:
-    """Build a view; reads /proc for liveness, so only ever call it in a worker thread."""
-    alive = owner_alive(record.owner) if record is not None and record.status == "started" else None
-    return RecordView.of(identity, record, alive)
+Liveness = Callable[[Owner | None], "bool | None"]
 
 
-def _refusing(identity: Identity, record: Record | None, call: Callable[[], T]) -> T:
+def _view(identity: Identity, record: Record | None, alive: Liveness) -> RecordView:
+    """Build a view; liveness reads /proc or asks the database, so only ever call it in a
+    worker thread."""
+    known = alive(record.owner) if record is not None and record.status == "started" else None
+    return RecordView.of(identity, record, known)
+
+
+def _refusing(
+    identity: Identity, record: Record | None, alive: Liveness, call: Callable[[], T]
+) -> T:
     """Run a state-machine call; a refusal leaves with the record's view attached."""
     try:
         return call()
     except ConflictError as error:
-        error.view = _view(identity, record)
+        error.view = _view(identity, record, alive)
         raise
 
 
@@ -106,11 +111,13 @@ def _problem_key(problem: JournalError) -> str | None:
     return found[-1] if found else None
 
 
-async def _views(records: list[Record]) -> list[RecordView]:
+async def _views(records: list[Record], alive: Liveness) -> list[RecordView]:
     """Views of a batch of records; liveness reads /proc, so in one worker trip."""
     if not records:
         return []
-    return await run_in_thread(lambda: [_view(record.identity, record) for record in records])
+    return await run_in_thread(
+        lambda: [_view(record.identity, record, alive) for record in records]
+    )
 
 
 def _check_wait(value: object) -> float | None:
@@ -173,8 +180,10 @@ class Journal:
     ) -> Journal:
         """Open (creating if needed) the journal at ``location``.
 
-        ``location`` is an absolute directory (the file store, the default) or
-        ``sqlite:///absolute/path.db`` (the SQLite store, for throughput on one host).
+        ``location`` is an absolute directory (the file store, the default),
+        ``sqlite:///absolute/path.db`` (the SQLite store, for throughput on one host) or
+        ``postgresql://user@host/database`` (the PostgreSQL store, for many hosts; needs
+        the ``postgres`` extra).
         ``lock_timeout`` bounds, in seconds, how long one operation waits for a record
         lock (or the database's write lock) that another process holds. The location
         must be this user's alone (not writable by group or others); pass
@@ -214,28 +223,9 @@ class Journal:
             raise InvalidArgument(
                 "the location holds a NUL character", code="ABSOLUTE_ROOT_REQUIRED"
             )
-        store: FileStore | SQLiteStore
-        if text.startswith(("postgresql:", "postgres:")):
-            raise InvalidArgument(
-                "the PostgreSQL store is not part of this version of itemjournal; "
-                "use an absolute directory or sqlite:///absolute/path.db",
-                code="INVALID_ARGUMENT",
-            )
-        if text.startswith("sqlite:"):
-            if not text.startswith("sqlite://"):
-                raise InvalidArgument(
-                    f"a SQLite location looks like sqlite:///absolute/path.db, not {text!r}",
-                    code="ABSOLUTE_ROOT_REQUIRED",
-                )
-            store = SQLiteStore(
-                text[len("sqlite://") :],
-                busy_timeout=float(lock_timeout),
-                trust_shared_root=trust_shared_root,
-            )
-        else:
-            store = FileStore(
-                text, lock_timeout=float(lock_timeout), trust_shared_root=trust_shared_root
-            )
+        store = open_store(
+            text, lock_timeout=float(lock_timeout), trust_shared_root=trust_shared_root
+        )
         journal = cls(store, input_key=input_key)
         try:
             await store.open()
@@ -402,15 +392,18 @@ class Journal:
         kind = self._digester.kind
         granted: list[tuple[Record | None, str]] = []  # (record before, claim id) per attempt
 
+        alive = self._store.owner_alive
+
         def step(current: Record | None) -> Step[Claim | Reuse | ConflictError]:
             gone = (
                 current is not None
                 and current.status == "started"
-                and owner_alive(current.owner) is False
+                and alive(current.owner) is False
             )
             new = _refusing(
                 ident,
                 current,
+                alive,
                 lambda: machine.begin(
                     current,
                     identity=ident,
@@ -418,7 +411,7 @@ class Journal:
                     input_hash=input_hash,
                     definition_hash=definition_hash,
                     claim_id=secrets.token_hex(16),
-                    owner=current_owner(),
+                    owner=self._store.owner(),
                     now=utc_now(),
                     owner_gone=gone,
                 ),
@@ -431,7 +424,7 @@ class Journal:
                 )
             if new.status != "started":  # a dead owner's claim, marked: write, then refuse
                 refusal = machine.refusal_after(new)
-                refusal.view = _view(ident, new)
+                refusal.view = _view(ident, new, alive)
                 return Step(new, refusal)
             granted.append((current, new.claim_id))
             claim = Claim(
@@ -494,10 +487,13 @@ class Journal:
         result = _check_result(result)
         ident = coerce_identity(claim.identity)
 
+        alive = self._store.owner_alive
+
         def step(current: Record | None) -> Step[RecordView]:
             new = _refusing(
                 ident,
                 current,
+                alive,
                 lambda: machine.complete(
                     current,
                     claim_id=claim.claim_id,
@@ -508,7 +504,7 @@ class Journal:
                     result=result,
                 ),
             )
-            return Step(new, _view(ident, new))
+            return Step(new, _view(ident, new, alive))
 
         return await self._apply(ident, step)
 
@@ -522,15 +518,18 @@ class Journal:
     async def _mark_review(
         self, ident: Identity, reason: str | None, claim_id: str | None
     ) -> RecordView:
+        alive = self._store.owner_alive
+
         def step(current: Record | None) -> Step[RecordView]:
             new = _refusing(
                 ident,
                 current,
+                alive,
                 lambda: machine.mark_review(
                     current, reason=reason, claim_id=claim_id, now=utc_now()
                 ),
             )
-            return Step(new, _view(ident, new))
+            return Step(new, _view(ident, new, alive))
 
         return await self._apply(ident, step)
 
@@ -561,20 +560,24 @@ class Journal:
             receipt = _check_receipt(receipt)
         note = _check_note(note, "a resolution note")
 
+        alive = self._store.owner_alive
+
         def step(current: Record | None) -> Step[RecordView]:
             new = _refusing(
                 ident,
                 current,
+                alive,
                 lambda: machine.resolve(current, receipt=receipt, note=note, now=utc_now()),
             )
-            return Step(new, _view(ident, new))
+            return Step(new, _view(ident, new, alive))
 
         return await self._apply(ident, step)
 
     async def inspect(self, identity: IdentityLike) -> RecordView:
         """The record as it is now (``status == "absent"`` when there is none)."""
         ident = coerce_identity(identity)
-        return await self._store.peek(ident, lambda record: _view(ident, record))
+        alive = self._store.owner_alive
+        return await self._store.peek(ident, lambda record: _view(ident, record, alive))
 
     async def records(
         self,
@@ -601,13 +604,14 @@ class Journal:
             raise InvalidArgument(
                 "after is a record key: 64 lowercase hex characters", code="INVALID_ARGUMENT"
             )
+        alive = self._store.owner_alive
         batch: list[Record] = []
         async with contextlib.aclosing(self._store.scan(status=status)) as items:
             async for item in items:
                 if isinstance(item, (RecordInvalid, StorageFailed)):
                     key = _problem_key(item)
                     if after is None or key is None or key > after:
-                        for view in await _views(batch):
+                        for view in await _views(batch, alive):
                             yield view
                         batch.clear()
                         yield item
@@ -621,10 +625,10 @@ class Journal:
                     continue
                 batch.append(item)
                 if len(batch) >= _VIEW_BATCH:
-                    for view in await _views(batch):
+                    for view in await _views(batch, alive):
                         yield view
                     batch.clear()
-        for view in await _views(batch):
+        for view in await _views(batch, alive):
             yield view
 
     async def counts(self) -> dict[str, int]:
@@ -655,6 +659,8 @@ class Journal:
             raise InvalidArgument("dry_run must be True or False", code="INVALID_ARGUMENT")
         cutoff = datetime.now(UTC) - older_than
 
+        alive = self._store.owner_alive
+
         def old(record: Record | None) -> bool:
             return (
                 record is not None
@@ -675,7 +681,7 @@ class Journal:
                         continue
                     ident = item.identity
                     if dry_run:
-                        removed.extend(await _views([item]))
+                        removed.extend(await _views([item], alive))
                         continue
 
                     def step(
@@ -683,7 +689,7 @@ class Journal:
                     ) -> Step[RecordView | None]:
                         if not old(current):  # changed since the scan: keep it
                             return Step(None, None)
-                        return Step(None, _view(ident, current), delete=True)
+                        return Step(None, _view(ident, current, alive), delete=True)
 
                     try:
                         view = await self._apply(ident, step)
@@ -722,6 +728,7 @@ class Journal:
         touched. A record that cannot be read or written is skipped and reported in the
         report's ``problems``; it never stops the sweep.
         """
+        alive = self._store.owner_alive
         marked: list[RecordView] = []
         problems: list[JournalError] = []
         async with contextlib.aclosing(self._store.scan(status="started")) as records:
@@ -736,9 +743,9 @@ class Journal:
                 def step(
                     current: Record | None, ident: Identity = ident
                 ) -> Step[RecordView | None]:
-                    gone = current is not None and owner_alive(current.owner) is False
+                    gone = current is not None and alive(current.owner) is False
                     new = machine.sweep(current, owner_gone=gone, now=utc_now())
-                    return Step(new, None if new is None else _view(ident, new))
+                    return Step(new, None if new is None else _view(ident, new, alive))
 
                 try:
                     view = await self._apply(ident, step)
@@ -856,6 +863,8 @@ class ClaimContext:
         reason = "block ended without complete or mark_review" if exc is None else _reason(exc)
         written: list[Record] = []
 
+        alive = self._journal._store.owner_alive
+
         def settle(current: Record | None) -> Step[tuple[bool, RecordView]]:
             """(completed by this claim?, view): mark it, unless this claim settled it.
 
@@ -863,7 +872,7 @@ class ClaimContext:
             record, found again, counts as marked (the retry must not report otherwise).
             """
             if current is not None and current in written:
-                return Step(None, (False, _view(ident, current)))
+                return Step(None, (False, _view(ident, current, alive)))
             if (
                 current is not None
                 and current.claim_id == claim.claim_id
@@ -871,16 +880,17 @@ class ClaimContext:
                 and current.history
                 and current.history[-1].event == "complete"
             ):  # completed under this very claim, by journal.complete(attempt.claim, ...)
-                return Step(None, (True, _view(ident, current)))
+                return Step(None, (True, _view(ident, current, alive)))
             new = _refusing(
                 ident,
                 current,
+                alive,
                 lambda: machine.mark_review(
                     current, reason=reason, claim_id=claim.claim_id, now=utc_now()
                 ),
             )
             written.append(new)
-            return Step(new, (False, _view(ident, new)))
+            return Step(new, (False, _view(ident, new, alive)))
 
         outcome, error, cancelled = await _to_the_end(
             functools.partial(self._journal._apply, ident, settle)

@@ -25,6 +25,7 @@ import anyio.lowlevel
 
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
+from ._owner import ProcessOwners
 from ._records import Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import Trips
@@ -34,7 +35,7 @@ __all__ = ["MemoryStore"]
 T = TypeVar("T")
 
 
-class MemoryStore:
+class MemoryStore(ProcessOwners):
     """Record documents held in memory, for the unit tests of code that uses a journal.
 
     ``Journal(MemoryStore())`` is ready at once: no directory, no database, no

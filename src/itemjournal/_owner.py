@@ -29,6 +29,7 @@ from ._records import Owner, parse_process
 
 __all__ = [
     "ProcessKey",
+    "ProcessOwners",
     "current_owner",
     "local_process_space",
     "own_process",
@@ -207,3 +208,20 @@ def owner_alive(owner: Owner | None) -> bool | None:
     if key is None:  # not a name any owner writes (the record reader refuses it)
         return None
     return process_alive(owner.pid, key)
+
+
+class ProcessOwners:
+    """Owners as the stores of one host know them: a claim belongs to a process.
+
+    The file, SQLite and in-memory stores take this as their ``owner`` and
+    ``owner_alive``: the owner is this process, and it is alive while a process with its
+    exact name runs on this host (unknown on another host). Call both in a worker thread.
+    """
+
+    __slots__ = ()
+
+    def owner(self) -> Owner:
+        return current_owner()
+
+    def owner_alive(self, owner: Owner | None) -> bool | None:
+        return owner_alive(owner)

@@ -49,6 +49,8 @@ _PROCESS = re.compile(
     r":([1-9][0-9]{0,19}):(0|[1-9][0-9]{0,19})"
 )
 MAX_U64 = 2**64 - 1
+# A database session that holds a claim (see the PostgreSQL store): "<kind>:<16 hex>".
+_SESSION = re.compile(r"[a-z][a-z0-9]{0,15}:[0-9a-f]{16}")
 
 
 def utc_now() -> str:
@@ -133,6 +135,11 @@ class Owner:
     pid: int
     started_at: str
     process: str = ""
+    session: str = ""
+    """The database session the claim was made in (``"pg:<16 hex>"``), or ``""``.
+
+    Stores shared by many hosts judge liveness by it (the session still holds its lock);
+    a document carries the ``session`` key only when it is set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +199,7 @@ _KEYS = frozenset(
 )
 _RESULT_KEYS = _KEYS | {"result"}
 _OWNER_KEYS = frozenset({"host", "pid", "started_at", "process"})
+_SESSION_OWNER_KEYS = _OWNER_KEYS | {"session"}
 _EVENT_KEYS = frozenset({"at", "event", "status", "attempt", "note"})
 
 
@@ -235,14 +243,7 @@ def encode_record(record: Record) -> bytes:
         "attempt": record.attempt,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
-        "owner": None
-        if record.owner is None
-        else {
-            "host": record.owner.host,
-            "pid": record.owner.pid,
-            "started_at": record.owner.started_at,
-            "process": record.owner.process,
-        },
+        "owner": None if record.owner is None else _owner_document(record.owner),
         "review_reason": record.review_reason,
         "history": [
             {"at": e.at, "event": e.event, "status": e.status, "attempt": e.attempt, "note": e.note}
@@ -317,6 +318,18 @@ def _process(value: Any) -> str:
     return text
 
 
+def _owner_document(owner: Owner) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "host": owner.host,
+        "pid": owner.pid,
+        "started_at": owner.started_at,
+        "process": owner.process,
+    }
+    if owner.session:
+        document["session"] = owner.session
+    return document
+
+
 def _opt_note(value: Any, what: str) -> str | None:
     if value is None:
         return None
@@ -379,13 +392,16 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
     if owner_raw is None:
         owner = None
     else:
-        if type(owner_raw) is not dict or set(owner_raw) != _OWNER_KEYS:
+        if type(owner_raw) is not dict or set(owner_raw) not in (_OWNER_KEYS, _SESSION_OWNER_KEYS):
             raise _Bad("owner is malformed")
         owner = Owner(
             host=_str(owner_raw["host"], "owner host"),
             pid=_int(owner_raw["pid"], "owner pid", 1),
             started_at=_str(owner_raw["started_at"], "owner started_at"),
             process=_process(owner_raw["process"]),
+            session=_str(owner_raw["session"], "owner session", _SESSION)
+            if "session" in owner_raw
+            else "",
         )
     if status == "started" and owner is None:
         raise _Bad("a started record names no owner")

@@ -44,6 +44,7 @@ from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, identity_digest
+from ._owner import ProcessOwners
 from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_record, encode_record
 from ._store import Step, StepFunction
@@ -309,7 +310,7 @@ class _Opening:
         self.wal = False
 
 
-class SQLiteStore:
+class SQLiteStore(ProcessOwners):
     """Record documents in one SQLite database (WAL, ``synchronous=FULL``).
 
     ``busy_timeout`` (seconds) bounds how long ``open`` and each write wait while
@@ -351,6 +352,22 @@ class SQLiteStore:
         self._queue: list[_Operation[Any]] = []
         self._leading = False
         self._closed = False
+
+    @classmethod
+    def from_location(
+        cls, location: str, *, lock_timeout: float, trust_shared_root: bool
+    ) -> SQLiteStore:
+        """The store for ``Journal.open``'s location, ``sqlite:///absolute/path.db``."""
+        if not location.startswith("sqlite://"):
+            raise InvalidArgument(
+                f"a SQLite location looks like sqlite:///absolute/path.db, not {location!r}",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
+        return cls(
+            location[len("sqlite://") :],
+            busy_timeout=lock_timeout,
+            trust_shared_root=trust_shared_root,
+        )
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"

@@ -16,7 +16,7 @@ from typing import Generic, Protocol, TypeVar
 
 from ._errors import RecordInvalid, StorageFailed
 from ._identity import Identity
-from ._records import Record
+from ._records import Owner, Record
 
 __all__ = ["Step", "StepFunction", "Store"]
 
@@ -84,6 +84,16 @@ class Store(Protocol):
     async def check(self) -> list[str]:
         """The store's own consistency problems, one line each (orphan temp files, its
         metadata, the database's integrity); empty when all is well. Reads only."""
+        ...
+
+    def owner(self) -> Owner:
+        """Who owns the claims made through this store now (in a worker thread): this
+        process, and for a store shared by many hosts the session that vouches for it."""
+        ...
+
+    def owner_alive(self, owner: Owner | None) -> bool | None:
+        """Whether ``owner`` (of a started record) still lives: True, False, or None when
+        this store cannot tell from here. Runs in a worker thread, also inside a step."""
         ...
 
     async def aclose(self) -> None:
