@@ -23,6 +23,10 @@ from ._identity import input_digest as input_digest
 from ._journal import Attempt as Attempt
 from ._journal import Journal as Journal
 from ._once import once as once
+from ._reconcile import DidNotHappen as DidNotHappen
+from ._reconcile import Happened as Happened
+from ._reconcile import ReconcileReport as ReconcileReport
+from ._reconcile import Unknown as Unknown
 from ._records import Event as Event
 from ._records import Owner as Owner
 from ._sqlitestore import SQLiteStore as SQLiteStore
@@ -38,18 +42,21 @@ __all__ = [
     "Attempt",
     "Claim",
     "ConflictError",
+    "DidNotHappen",
     "EachDone",
     "EachFailure",
     "EachReport",
     "Event",
     "FileStore",
     "FileSystem",
+    "Happened",
     "Identity",
     "InvalidArgument",
     "Journal",
     "JournalError",
     "Owner",
     "PruneReport",
+    "ReconcileReport",
     "RecordInvalid",
     "RecordView",
     "Reuse",
@@ -58,6 +65,7 @@ __all__ = [
     "StorageFailed",
     "Store",
     "SweepReport",
+    "Unknown",
     "UnresolvedClaim",
     "definition_digest",
     "input_digest",

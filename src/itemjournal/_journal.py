@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -51,6 +51,9 @@ from ._records import (
 from ._store import Step, Store
 from ._threads import run_in_thread
 from ._view import Claim, PruneReport, RecordView, Reuse, SweepReport
+
+if TYPE_CHECKING:
+    from ._reconcile import Check, ReconcileReport
 
 __all__ = ["Attempt", "Journal"]
 
@@ -142,6 +145,18 @@ def _check_result(value: object) -> str | None:
         raise InvalidArgument(problem, code="INVALID_ARGUMENT")
     assert value is None or isinstance(value, str)
     return value
+
+
+def _same(record: Record, view: RecordView) -> bool:
+    """Whether ``record`` is still the one ``view`` shows: every transition moves
+    ``updated_at`` and appends to the history, and a new attempt changes ``attempt``."""
+    return (
+        record.status == view.status
+        and record.attempt == view.attempt
+        and record.updated_at == view.updated_at
+        and record.review_reason == view.review_reason
+        and record.history == view.history
+    )
 
 
 def _check_receipt(value: object) -> str:
@@ -540,10 +555,12 @@ class Journal:
         receipt: str | None = None,
         retry: bool = False,
         note: str,
+        result: str | None = None,
     ) -> RecordView:
         """An operator's decision on a ``needs_review`` record, audited in its history.
 
-        With ``receipt``: the effect did happen, the record becomes ``succeeded``.
+        With ``receipt``: the effect did happen, the record becomes ``succeeded`` (with
+        ``result``, if given, stored for replay as ``complete`` stores it).
         With ``retry=True``: it verifiably did not, the record becomes ``released`` and
         the identity may be claimed again.
         """
@@ -558,16 +575,44 @@ class Journal:
             )
         if receipt is not None:
             receipt = _check_receipt(receipt)
+        result = _check_result(result)
+        if retry and result is not None:
+            raise InvalidArgument(
+                "a result is stored only with a receipt, not with retry=True",
+                code="INVALID_ARGUMENT",
+            )
         note = _check_note(note, "a resolution note")
+        return await self._resolve(ident, receipt, note, result)
 
+    async def _resolve(
+        self,
+        ident: Identity,
+        receipt: str | None,
+        note: str,
+        result: str | None,
+        expect: RecordView | None = None,
+    ) -> RecordView:
+        """Resolve, with checked arguments. With ``expect``, only the very record that
+        view shows: one that changed since (another attempt, another decision) is refused
+        ``NOT_IN_REVIEW`` in the same atomic step that would have written it."""
         alive = self._store.owner_alive
 
         def step(current: Record | None) -> Step[RecordView]:
+            if expect is not None and current is not None and not _same(current, expect):
+                error = ConflictError(
+                    f"the record changed since it was looked at (attempt {expect.attempt}, "
+                    f"updated {expect.updated_at}); it is left as it is now",
+                    code="NOT_IN_REVIEW",
+                )
+                error.view = _view(ident, current, alive)
+                raise error
             new = _refusing(
                 ident,
                 current,
                 alive,
-                lambda: machine.resolve(current, receipt=receipt, note=note, now=utc_now()),
+                lambda: machine.resolve(
+                    current, receipt=receipt, note=note, now=utc_now(), result=result
+                ),
             )
             return Step(new, _view(ident, new, alive))
 
@@ -773,6 +818,38 @@ class Journal:
         """
         _check_wait(wait)
         return ClaimContext(self, identity, inputs, definition, wait)
+
+    async def reconcile(
+        self,
+        check: Check,
+        *,
+        status: str = "needs_review",
+        scope: str | None = None,
+        program: str | None = None,
+        job: str | None = None,
+        limit: int = 8,
+        dry_run: bool = False,
+    ) -> ReconcileReport:
+        """Settle ``needs_review`` records by asking ``check`` what happened to each.
+
+        ``await check(view)`` answers ``Happened(receipt)`` (resolved ``succeeded``),
+        ``DidNotHappen(evidence)`` (resolved ``released``) or ``Unknown(reason)`` (left
+        for a person); at most ``limit`` checks run at once. Every resolution is an
+        audited ``resolve`` whose note names the reconciliation. See
+        ``itemjournal.ReconcileReport`` for what comes back.
+        """
+        from ._reconcile import reconcile
+
+        return await reconcile(
+            self,
+            check,
+            status=status,
+            scope=scope,
+            program=program,
+            job=job,
+            limit=limit,
+            dry_run=dry_run,
+        )
 
 
 class Attempt:

@@ -124,13 +124,21 @@ def mark_review(
     return current.advance("mark_review", "needs_review", now, reason, review_reason=reason)
 
 
-def resolve(current: Record | None, *, receipt: str | None, note: str, now: str) -> Record:
-    """With a receipt: ``succeeded``; without one (the caller asked to retry): ``released``."""
+def resolve(
+    current: Record | None,
+    *,
+    receipt: str | None,
+    note: str,
+    now: str,
+    result: str | None = None,
+) -> Record:
+    """With a receipt: ``succeeded`` (with ``result``, if given, for replay); without one
+    (the caller asked to retry): ``released``."""
     if current is None or current.status != "needs_review":
         status = "absent" if current is None else current.status
         raise ConflictError(f"the record is {status}, not needs_review", code="NOT_IN_REVIEW")
     if receipt is not None:
-        return current.advance("resolve", "succeeded", now, note, receipt=receipt)
+        return current.advance("resolve", "succeeded", now, note, receipt=receipt, result=result)
     return current.advance("resolve", "released", now, note)
 
 

@@ -1,0 +1,387 @@
+"""Reconciliation: settle uncertain records by asking the provider what happened.
+
+Every claim hands the provider a stable idempotency key (``Claim.key``, the same as
+``RecordView.key``). A check asks the provider what happened to that key and answers with
+a verdict; ``reconcile`` turns each verdict into an ordinary, audited ``resolve`` of the
+very record the check looked at, and leaves everything else to a person.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, TypeAlias
+
+import anyio
+import anyio.to_thread
+
+from ._errors import ConflictError, InvalidArgument, JournalError, RecordInvalid, StorageFailed
+from ._identity import check_label
+from ._journal import _check_result
+from ._once import _is_async
+from ._records import MAX_NOTE_CHARS, receipt_problem
+from ._view import RecordView
+
+if TYPE_CHECKING:
+    from ._journal import Journal
+
+__all__ = [
+    "Check",
+    "DidNotHappen",
+    "Happened",
+    "ReconcileReport",
+    "Unknown",
+    "Verdict",
+    "reconcile",
+]
+
+_NAME_CHARS = 100  # how much of the check's name a resolution note carries
+_TEXT_CHARS = 1000  # how much of an exception's message the report keeps
+
+
+def _text_problem(value: object, what: str) -> str | None:
+    """Why ``value`` is not a usable verdict text (a non-blank, valid Unicode str).
+
+    Its length is not limited: a resolution note carries as much of it as fits.
+    """
+    if not isinstance(value, str):
+        return f"{what} is a str, not {type(value).__name__}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{what} must be valid Unicode (no lone surrogates)"
+    if not value.strip():
+        return f"{what} must not be blank"
+    return None
+
+
+def _refuse(problem: str | None, code: str = "INVALID_ARGUMENT") -> None:
+    if problem is not None:
+        raise InvalidArgument(problem, code=code)
+
+
+@dataclass(frozen=True, slots=True)
+class Happened:
+    """The provider shows the effect happened: the record is resolved ``succeeded``.
+
+    ``receipt`` follows the rules of ``complete`` (a str, not blank, at most 200
+    characters; else ``INVALID_RECEIPT``), as does ``result`` (stored for replay). ``note``
+    (optional) goes into the resolution note, after the words naming the reconciliation.
+    """
+
+    receipt: str
+    result: str | None = None
+    note: str | None = None
+
+    def __post_init__(self) -> None:
+        _refuse(receipt_problem(self.receipt), "INVALID_RECEIPT")
+        _check_result(self.result)
+        if self.note is not None:
+            _refuse(_text_problem(self.note, "a verdict's note"))
+
+
+@dataclass(frozen=True, slots=True)
+class DidNotHappen:
+    """The provider shows the effect did not happen: the record is resolved ``released``,
+    so the identity may be claimed again.
+
+    ``evidence`` is required and not blank: what the provider showed (it goes into the
+    resolution note). Safe only with a provider that honours ``Claim.key`` as its
+    idempotency key: should the effect land late after all, the retry's charge under the
+    same key is answered with the first one, never made twice.
+    """
+
+    evidence: str
+
+    def __post_init__(self) -> None:
+        _refuse(_text_problem(self.evidence, "the evidence that it did not happen"))
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """The provider cannot tell (yet): the record is left ``needs_review`` for a person."""
+
+    reason: str
+
+    def __post_init__(self) -> None:
+        _refuse(_text_problem(self.reason, "the reason it is unknown"))
+
+
+Verdict: TypeAlias = Happened | DidNotHappen | Unknown
+Check: TypeAlias = Callable[[RecordView], "Awaitable[Verdict] | Verdict"]
+_VERDICTS = (Happened, DidNotHappen, Unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileReport:
+    """What ``reconcile`` did (or, with ``dry_run``, would do), each tuple in key order.
+
+    - ``happened``: the check answered ``Happened``; the record as resolved
+      (``succeeded``), or with ``dry_run`` as the check saw it.
+    - ``did_not_happen``: the check answered ``DidNotHappen``; the record as resolved
+      (``released``), or with ``dry_run`` as the check saw it.
+    - ``unknown``: the check answered ``Unknown``; left as it was.
+    - ``left``: the check gave a verdict, but the record changed meanwhile (resolved by
+      someone else, another attempt...): left as it is, shown as it is now.
+    - ``failed``: the check raised (the text names the exception's type and message) or
+      returned something that is not a verdict, or the resolution could not be written;
+      each as ``(view, text)``. The record is left as it was.
+    - ``problems``: what the listing met that it could not read (``RecordInvalid``,
+      ``StorageFailed``); those records were not checked.
+    - ``verdicts``: every verdict a check gave, by record key (``view.key``).
+    """
+
+    happened: tuple[RecordView, ...] = ()
+    did_not_happen: tuple[RecordView, ...] = ()
+    unknown: tuple[RecordView, ...] = ()
+    left: tuple[RecordView, ...] = ()
+    failed: tuple[tuple[RecordView, str], ...] = ()
+    problems: tuple[JournalError, ...] = ()
+    dry_run: bool = False
+    verdicts: Mapping[str, Verdict] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False, hash=False
+    )
+
+    @property
+    def checked(self) -> int:
+        """How many records the check was called for."""
+        return (
+            len(self.happened)
+            + len(self.did_not_happen)
+            + len(self.unknown)
+            + len(self.left)
+            + len(self.failed)
+        )
+
+    @property
+    def ok(self) -> bool:
+        """True when no check failed and every record could be read."""
+        return not self.failed and not self.problems
+
+    def counts(self) -> dict[str, int]:
+        """``{"happened", "did_not_happen", "unknown", "left", "failed", "problems"}``."""
+        return {
+            "happened": len(self.happened),
+            "did_not_happen": len(self.did_not_happen),
+            "unknown": len(self.unknown),
+            "left": len(self.left),
+            "failed": len(self.failed),
+            "problems": len(self.problems),
+        }
+
+
+def _fit(text: str) -> str:
+    if len(text) <= MAX_NOTE_CHARS:
+        return text
+    return text[: MAX_NOTE_CHARS - 1] + "\u2026"
+
+
+def _check_name(check: object) -> str:
+    """``module.qualname`` of the check, as a resolution note names it."""
+    target = check.func if isinstance(check, functools.partial) else check
+    name = getattr(target, "__qualname__", None) or type(target).__qualname__
+    module = getattr(target, "__module__", None)
+    text = f"{module}.{name}" if isinstance(module, str) and module else str(name)
+    text = text.replace("<locals>.", "")
+    return text if len(text) <= _NAME_CHARS else text[: _NAME_CHARS - 1] + "\u2026"
+
+
+def resolution_note(verdict: Happened | DidNotHappen, name: str) -> str:
+    """The note of the ``resolve`` a verdict makes: it names the reconciliation, then
+    carries the verdict's note or evidence, cut to the note limit."""
+    if isinstance(verdict, Happened):
+        text = f"reconciled by {name}: the provider reports it happened"
+        if verdict.note is not None:
+            text += f": {verdict.note}"
+    else:
+        text = f"reconciled by {name}: the provider reports it did not happen: {verdict.evidence}"
+    return _fit(text)
+
+
+def _failure_text(error: BaseException) -> str:
+    try:
+        message = str(error)
+    except Exception:  # a broken __str__ must not stop the report
+        message = "(its message cannot be shown)"
+    text = type(error).__name__
+    if message.strip():
+        text += f": {message}"
+    text = text.encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= _TEXT_CHARS else text[: _TEXT_CHARS - 1] + "\u2026"
+
+
+async def reconcile(
+    journal: Journal,
+    check: Check,
+    *,
+    status: str = "needs_review",
+    scope: str | None = None,
+    program: str | None = None,
+    job: str | None = None,
+    limit: int = 8,
+    dry_run: bool = False,
+    progress: Callable[[RecordView], None] | None = None,
+) -> ReconcileReport:
+    """Ask ``check`` what happened to each ``needs_review`` record; settle what it knows.
+
+    ``check(view)`` (an ``async def``; a plain function runs in a worker thread) gets
+    each matching record's ``RecordView`` and answers with a verdict:
+
+    - ``Happened(receipt, result=None, note=None)``: resolved ``succeeded`` with the receipt;
+    - ``DidNotHappen(evidence)``: resolved ``released`` (claimable again);
+    - ``Unknown(reason)``: left as it is, for a person.
+
+    A check that raises, or returns anything else, is reported in ``failed`` and its
+    record left as it is. Each resolution is one atomic, audited ``resolve`` of the very
+    record the check saw: a record that changed meanwhile (resolved by someone else, a new
+    attempt) is left as it is now and reported in ``left``. Its note names the check and
+    carries the verdict's note or evidence.
+
+    At most ``limit`` checks run at once; records are read as they are needed. With
+    ``dry_run=True`` the checks are called but nothing is written: the report says what
+    would be done. ``scope``, ``program`` and ``job`` narrow the records; ``status`` must
+    be ``needs_review``: a ``started`` record is never reconciled (its owner may still
+    finish; ``sweep`` or ``begin`` marks a dead owner's record ``needs_review`` first).
+
+    A cancellation ends the run (no report): each record is then either as it was or
+    resolved as its verdict says, never half-way, since every resolution is a single
+    atomic journal operation.
+
+    ``progress`` (not part of ``Journal.reconcile``; the command's progress bar) is called
+    on the event loop once per record, when it has been settled or left.
+    """
+    from ._journal import Journal
+
+    if not isinstance(journal, Journal):
+        raise InvalidArgument(
+            f"reconcile() takes a Journal, not {type(journal).__name__}",
+            code="INVALID_ARGUMENT",
+        )
+    if not callable(check):
+        raise InvalidArgument(
+            "check is a function of a RecordView returning Happened, DidNotHappen or "
+            f"Unknown, not {type(check).__name__}",
+            code="INVALID_ARGUMENT",
+        )
+    if status == "started":
+        raise InvalidArgument(
+            "started records are not reconciled: a live owner may still finish; run sweep "
+            "first, which marks the records of owners that are gone needs_review",
+            code="INVALID_ARGUMENT",
+        )
+    if status != "needs_review":
+        raise InvalidArgument(
+            f"only needs_review records are reconciled, not {status!r}", code="INVALID_ARGUMENT"
+        )
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidArgument(
+            f"limit is the number of checks in flight at once, a positive int, not {limit!r}",
+            code="INVALID_ARGUMENT",
+        )
+    if not isinstance(dry_run, bool):
+        raise InvalidArgument("dry_run must be True or False", code="INVALID_ARGUMENT")
+    if progress is not None and not callable(progress):
+        raise InvalidArgument("progress is a function of a RecordView", code="INVALID_ARGUMENT")
+    for value, what in ((scope, "scope"), (program, "program"), (job, "job")):
+        if value is not None:
+            check_label(value, what)
+
+    name = _check_name(check)
+    asynchronous = _is_async(check)
+    happened: list[RecordView] = []
+    did_not_happen: list[RecordView] = []
+    unknown: list[RecordView] = []
+    left: list[RecordView] = []
+    failed: list[tuple[RecordView, str]] = []
+    problems: list[JournalError] = []
+    verdicts: dict[str, Verdict] = {}
+
+    async def ask(view: RecordView) -> object:
+        if asynchronous:
+            answer: object = check(view)
+        else:
+            # A plain function may block (an HTTP client, say): never on the event loop.
+            # It only reads, so a cancellation need not wait for it.
+            answer = await anyio.to_thread.run_sync(check, view, abandon_on_cancel=True)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return answer
+
+    async def settle(view: RecordView, slot: anyio.Semaphore) -> None:
+        try:
+            try:
+                verdict = await ask(view)
+            except Exception as error:
+                failed.append((view, _failure_text(error)))
+                return
+            if not isinstance(verdict, _VERDICTS):
+                failed.append(
+                    (
+                        view,
+                        f"the check returned {type(verdict).__name__}, not Happened, "
+                        "DidNotHappen or Unknown",
+                    )
+                )
+                return
+            verdicts[view.key] = verdict
+            if isinstance(verdict, Unknown):
+                unknown.append(view)
+                return
+            into = happened if isinstance(verdict, Happened) else did_not_happen
+            if dry_run:
+                into.append(view)
+                return
+            note = resolution_note(verdict, name)
+            try:
+                if isinstance(verdict, Happened):
+                    done = await journal._resolve(
+                        view.identity, verdict.receipt, note, verdict.result, expect=view
+                    )
+                else:
+                    done = await journal._resolve(view.identity, None, note, None, expect=view)
+            except ConflictError as changed:  # NOT_IN_REVIEW: not the record the check saw
+                left.append(changed.view if changed.view is not None else view)
+                return
+            except JournalError as error:
+                failed.append((view, f"the resolution was not written: {error}"))
+                return
+            into.append(done)
+        finally:
+            slot.release()
+            if progress is not None:
+                progress(view)
+
+    slots = anyio.Semaphore(limit)
+    # The listing is closed as soon as it ends; the task group then waits for the checks.
+    async with (
+        anyio.create_task_group() as group,
+        contextlib.aclosing(
+            journal.records("needs_review", scope=scope, program=program, job=job)
+        ) as items,
+    ):
+        async for item in items:
+            if isinstance(item, (RecordInvalid, StorageFailed)):
+                problems.append(item)
+                continue
+            if item.status != "needs_review":
+                continue
+            await slots.acquire()
+            group.start_soon(settle, item, slots)
+
+    def by_key(view: RecordView) -> str:
+        return view.key
+
+    return ReconcileReport(
+        happened=tuple(sorted(happened, key=by_key)),
+        did_not_happen=tuple(sorted(did_not_happen, key=by_key)),
+        unknown=tuple(sorted(unknown, key=by_key)),
+        left=tuple(sorted(left, key=by_key)),
+        failed=tuple(sorted(failed, key=lambda pair: pair[0].key)),
+        problems=tuple(problems),
+        dry_run=dry_run,
+        verdicts=MappingProxyType(dict(sorted(verdicts.items()))),
+    )
