@@ -1309,9 +1309,50 @@ def test_terminal_output_is_coloured_and_still_escaped(loc: str) -> None:
     assert "\\x1b[2J" in result.stdout
 
 
-def test_a_postgres_location_is_named_by_the_journal(tmp_path: Path) -> None:
-    line = one_error(invoke("-L", "postgresql://db/journal", "list"), "INVALID_ARGUMENT")
-    assert "PostgreSQL" in line
+def test_a_postgres_location_is_passed_through_and_shown_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A postgresql:// or postgres:// URL reaches ``Journal.open`` exactly as given; no
+    output ever shows its password. Without the PostgreSQL store (or its extra), the
+    journal's refusal names the extra; with it, a closed port is ``STORAGE_FAILED``."""
+    import importlib
+    import importlib.util
+
+    try:  # imported here, outside any event loop, when it is there at all
+        store = importlib.util.find_spec("itemjournal._pgstore") is not None
+        if store:
+            importlib.import_module("itemjournal._pgstore")
+    except ImportError:
+        store = False
+    real_open = Journal.open.__func__  # type: ignore[attr-defined]
+    given: list[str] = []
+
+    async def open_quickly(cls: type[Journal], location: str, **options: Any) -> Journal:
+        given.append(location)
+        journal: Journal = await real_open(cls, location, lock_timeout=2.0, **options)
+        return journal
+
+    monkeypatch.setattr(Journal, "open", classmethod(open_quickly))
+    for url in (
+        "postgresql://app:s3cret-pw@127.0.0.1:1/test",
+        "postgres://app:s3cret-pw@127.0.0.1:1/test?sslmode=disable",
+    ):
+        result = invoke("-L", url, "counts")
+        assert given[-1] == url
+        assert "s3cret-pw" not in result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+        last = result.stderr.splitlines()[-1]
+        if store:
+            assert result.exit_code == 1, result.stderr
+            assert last.startswith("error: STORAGE_FAILED: "), last
+            assert "app:***@127.0.0.1:1" in last
+        else:
+            assert result.exit_code == 2, result.stderr
+            assert last.startswith("error: INVALID_ARGUMENT: "), last
+            assert "itemjournal[postgres]" in last
+    for bad in ("postgresql:test", "postgres:/db"):
+        line = one_error(invoke("-L", bad, "list"), "ABSOLUTE_ROOT_REQUIRED")
+        assert "postgresql://user@host/database" in line
 
 
 def test_an_oversized_key_or_receipt_file(loc: str, tmp_path: Path) -> None:

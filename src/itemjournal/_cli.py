@@ -16,7 +16,8 @@ line, ``problem: CODE: message``, and the command goes on.
 Codes of the command itself, besides the journal's own (``INVALID_LABEL``,
 ``ABSOLUTE_ROOT_REQUIRED``, ``NOT_IN_REVIEW``, ``RECORD_INVALID``, …): ``USAGE``,
 ``INVALID_STATUS``, ``INVALID_DURATION``, ``NO_JOURNAL``, ``INVALID_KEY_FILE``,
-``INVALID_RECEIPT_FILE``, ``TOKEN_REQUIRED`` (exit 2); ``NOT_FOUND``, ``FILTERED_OUT``,
+``INVALID_RECEIPT_FILE``, ``TOKEN_REQUIRED``, ``INVALID_CHECK`` (a ``reconcile --check``
+that cannot be imported, found or called) (exit 2); ``NOT_FOUND``, ``FILTERED_OUT``,
 ``VIEWER_UNAVAILABLE``, ``CLI_UNAVAILABLE`` (the ``cli`` extra is not installed) (exit 1);
 ``INTERRUPTED`` (exit 130).
 
@@ -42,6 +43,13 @@ Codes of the command itself, besides the journal's own (``INVALID_LABEL``,
 * bulk ``resolve --json``: ``{"applied": bool, "planned": [{"key", "identity",
   "decision", "receipt"}], "resolved": [view], "failed": [{"key", "identity", "error":
   problem}], "left": [{"key", "identity"}], "problems": [problem]}``.
+* ``reconcile --json``: ``{"dry_run", "check", "counts": {"checked", "happened",
+  "did_not_happen", "unknown", "left", "failed", "problems"}, "records": [{"key",
+  "identity", "outcome", "verdict", "error", "view": view}], "problems": [problem]}``, the
+  records in key order; ``outcome`` is one of ``happened``, ``did_not_happen``,
+  ``unknown``, ``left`` (the record changed meanwhile; ``view`` shows it now) and
+  ``failed`` (``error`` says why; ``verdict`` is null); ``verdict`` is ``{"kind",
+  "receipt", "result_size", "note"}`` (``note``: the note, the evidence or the reason).
 
 Inputs never appear anywhere: the journal stores only their fingerprint.
 """
@@ -51,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import ipaddress
 import json
 import os
@@ -87,6 +96,8 @@ from ._errors import ConflictError, InvalidArgument, JournalError
 from ._filestore import SETTINGS_NAME
 from ._identity import Identity, check_label, identity_digest
 from ._journal import Journal
+from ._locations import redact
+from ._reconcile import DidNotHappen, Happened, ReconcileReport, Unknown, Verdict, reconcile
 from ._records import STATUSES, Event, note_problem, receipt_problem
 from ._view import PruneReport, RecordView, SweepReport
 
@@ -296,8 +307,14 @@ def _check_location(value: str | None) -> str:
             "ABSOLUTE_ROOT_REQUIRED",
             "no journal location: pass --location/-L or set ITEMJOURNAL_LOCATION",
         )
-    if value.startswith(("postgres:", "postgresql:")):
-        return value  # the journal names what this version supports
+    if value.startswith(("postgresql:", "postgres:")):
+        if not value.startswith(("postgresql://", "postgres://")):
+            raise CommandError(
+                "ABSOLUTE_ROOT_REQUIRED",
+                "a PostgreSQL location is a URL, postgresql://user@host/database, "
+                f"not {redact(value)!r}",
+            )
+        return value  # given to Journal.open unchanged; only ever shown redacted
     if value.startswith("sqlite:"):
         path = value[len("sqlite://") :] if value.startswith("sqlite://") else ""
         if not os.path.isabs(path):
@@ -311,7 +328,8 @@ def _check_location(value: str | None) -> str:
     if not os.path.isabs(value):
         raise CommandError(
             "ABSOLUTE_ROOT_REQUIRED",
-            f"the location is an absolute directory or sqlite:///absolute/path.db, not {value!r}",
+            f"the location is an absolute directory, sqlite:///absolute/path.db or "
+            f"postgresql://user@host/database, not {value!r}",
         )
     if not os.path.isdir(value):
         raise CommandError("NO_JOURNAL", f"no journal at {value}: no such directory")
@@ -320,6 +338,11 @@ def _check_location(value: str | None) -> str:
             "NO_JOURNAL", f"{value} holds no itemjournal journal (no {SETTINGS_NAME})"
         )
     return value
+
+
+def _shown_location(value: str) -> str:
+    """The location as output may show it: a database URL without its password."""
+    return redact(value) if value.startswith(("postgresql:", "postgres:")) else value
 
 
 def _read_key_file(path: str) -> bytes:
@@ -632,7 +655,14 @@ def _run(settings: Settings, body: Callable[[Journal], Awaitable[T]]) -> T:
         async with journal:
             return await body(journal)
 
-    return anyio.run(go)
+    try:
+        return anyio.run(go)
+    except JournalError as error:
+        # A database URL may carry a password: an error never shows it.
+        shown = _shown_location(settings.location)
+        if shown != settings.location and settings.location in error.message:
+            error.message = error.message.replace(settings.location, shown)
+        raise
 
 
 class _Group(click.Group):
@@ -728,7 +758,8 @@ def _journal_options(function: Callable[..., Any]) -> Callable[..., Any]:
         "--location",
         metavar="LOCATION",
         default=None,
-        help="The journal: /absolute/directory or sqlite:///absolute/path.db.",
+        help="The journal: /absolute/directory, sqlite:///absolute/path.db or "
+        "postgresql://user@host/database.",
     )(function)
 
 
@@ -772,8 +803,8 @@ def _identity_args(function: Callable[..., Any]) -> Callable[..., Any]:
     envvar="ITEMJOURNAL_LOCATION",
     metavar="LOCATION",
     default=None,
-    help="The journal: /absolute/directory or sqlite:///absolute/path.db "
-    "[env: ITEMJOURNAL_LOCATION].",
+    help="The journal: /absolute/directory, sqlite:///absolute/path.db or "
+    "postgresql://user@host/database [env: ITEMJOURNAL_LOCATION].",
 )
 @click.option(
     "--input-key-file",
@@ -1337,6 +1368,305 @@ def sweep_command(
     return EXIT_PROBLEMS if report.problems else EXIT_OK
 
 
+# --------------------------------------------------------------------------- reconcile
+
+_CHECK_SPEC = re.compile(
+    r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
+    r":(?P<attribute>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
+)
+_OUTCOMES = ("happened", "did_not_happen", "unknown", "left", "failed")
+_OUTCOME_STYLE = {
+    "happened": "green",
+    "did_not_happen": "magenta",
+    "unknown": "yellow",
+    "left": "cyan",
+    "failed": "bold red",
+}
+
+
+def _failure(error: BaseException) -> str:
+    try:
+        message = str(error)
+    except Exception:  # a broken __str__ must not hide which error it was
+        message = ""
+    return f"{type(error).__name__}: {message}" if message.strip() else type(error).__name__
+
+
+def _load_check(spec: str) -> Callable[..., Any]:
+    """The function ``module:function`` names (``module:Class.method`` too).
+
+    The module is imported as ``python -m`` would find it: from the current directory,
+    which is put first on the module path for this command, or from ``PYTHONPATH`` and
+    the installed packages.
+    """
+    match = _CHECK_SPEC.fullmatch(spec)
+    if match is None:
+        raise CommandError(
+            "INVALID_CHECK",
+            f"--check is package.module:function, not {spec!r}",
+        )
+    module_name, attribute = match["module"], match["attribute"]
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and (
+            module_name == error.name or module_name.startswith(f"{error.name}.")
+        ):
+            raise CommandError(
+                "INVALID_CHECK",
+                f"cannot import {module_name} for --check {spec}: no module named {error.name} "
+                "(run from the directory that holds it, or set PYTHONPATH)",
+            ) from None
+        raise CommandError(
+            "INVALID_CHECK", f"importing {module_name} for --check failed: {_failure(error)}"
+        ) from None
+    except Exception as error:  # the module itself raised while being imported
+        raise CommandError(
+            "INVALID_CHECK", f"importing {module_name} for --check failed: {_failure(error)}"
+        ) from None
+    target: object = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise CommandError(
+                "INVALID_CHECK", f"{module_name} has no attribute {attribute} (--check {spec})"
+            ) from None
+    if not callable(target) or isinstance(target, type):
+        raise CommandError(
+            "INVALID_CHECK",
+            f"--check {spec} is a {type(target).__name__}, not a function of a record's view",
+        )
+    return target
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Entry:
+    """One checked record, for the table and the JSON document."""
+
+    outcome: str
+    view: RecordView
+    verdict: Verdict | None
+    error: str | None
+
+
+def _entries(report: ReconcileReport) -> list[_Entry]:
+    entries = [
+        _Entry(outcome, view, report.verdicts.get(view.key), None)
+        for outcome, views in (
+            ("happened", report.happened),
+            ("did_not_happen", report.did_not_happen),
+            ("unknown", report.unknown),
+            ("left", report.left),
+        )
+        for view in views
+    ]
+    entries.extend(_Entry("failed", view, None, text) for view, text in report.failed)
+    entries.sort(key=lambda entry: entry.view.key)
+    return entries
+
+
+def _verdict_json(verdict: Verdict | None) -> dict[str, Any] | None:
+    if verdict is None:
+        return None
+    if isinstance(verdict, Happened):
+        size = None if verdict.result is None else len(verdict.result.encode("utf-8"))
+        return {
+            "kind": "happened",
+            "receipt": verdict.receipt,
+            "result_size": size,
+            "note": verdict.note,
+        }
+    if isinstance(verdict, DidNotHappen):
+        return {
+            "kind": "did_not_happen",
+            "receipt": None,
+            "result_size": None,
+            "note": verdict.evidence,
+        }
+    return {"kind": "unknown", "receipt": None, "result_size": None, "note": verdict.reason}
+
+
+def _reconcile_json(report: ReconcileReport, check: str) -> dict[str, Any]:
+    counts = report.counts()
+    return {
+        "dry_run": report.dry_run,
+        "check": check,
+        "counts": {"checked": report.checked, **counts},
+        "records": [
+            {
+                "key": entry.view.key,
+                "identity": _identity(entry.view.identity),
+                "outcome": entry.outcome,
+                "verdict": _verdict_json(entry.verdict),
+                "error": entry.error,
+                "view": _view_json(entry.view),
+            }
+            for entry in _entries(report)
+        ],
+        "problems": [_problem_json(problem) for problem in report.problems],
+    }
+
+
+def _entry_detail(entry: _Entry, dry_run: bool) -> str:
+    verdict = entry.verdict
+    if entry.outcome == "failed":
+        return f"check failed: {entry.error}"
+    if entry.outcome == "left":
+        return f"changed meanwhile, left as it is: now {entry.view.status}"
+    done = "would resolve" if dry_run else "resolved"
+    if isinstance(verdict, Happened):
+        text = f"{done} succeeded, receipt {verdict.receipt}"
+        return text if verdict.note is None else f"{text}: {verdict.note}"
+    if isinstance(verdict, DidNotHappen):
+        return f"{done} released: {verdict.evidence}"
+    if isinstance(verdict, Unknown):
+        return f"left in review: {verdict.reason}"
+    return "-"
+
+
+def _show_reconcile(console: _Screen, report: ReconcileReport) -> None:
+    entries = _entries(report)
+    if entries:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+        for name in ("OUTCOME", "SCOPE", "PROGRAM", "JOB", "ITEM", "ATTEMPT"):
+            table.add_column(name, no_wrap=True)
+        table.add_column("WHAT THE CHECK SAID", overflow="fold")
+        for entry in entries:
+            table.add_row(
+                Text(entry.outcome, style=_OUTCOME_STYLE[entry.outcome]),
+                *(Text(label) for label in entry.view.identity),
+                Text(str(entry.view.attempt)),
+                Text(_clean(_entry_detail(entry, report.dry_run))),
+            )
+        console.print(table)
+    summary = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    summary.add_column("OUTCOME")
+    summary.add_column("RECORDS", justify="right")
+    counts = report.counts()
+    for name in (*_OUTCOMES, "problems"):
+        style = _OUTCOME_STYLE.get(name, "bold red" if counts[name] else "")
+        summary.add_row(Text(name, style=style), Text(str(counts[name])))
+    summary.add_row(Text("checked", style="bold"), Text(str(report.checked)))
+    console.print(summary)
+    settled = len(report.happened) + len(report.did_not_happen)
+    noun = "record" if report.checked == 1 else "records"
+    if report.dry_run:
+        line = (
+            f"would resolve {settled} of {report.checked} checked {noun}; nothing changed: "
+            "run again with --yes to apply"
+        )
+    else:
+        line = f"resolved {settled} of {report.checked} checked {noun}"
+        if report.failed:
+            line += f"; {len(report.failed)} check(s) failed"
+    console.print(Text(line))
+
+
+@contextlib.asynccontextmanager
+async def _checks_meter(
+    journal: Journal, *, shown: bool, filtered: bool
+) -> AsyncIterator[Callable[[RecordView], None]]:
+    """Yield a function to call once per record settled; on a terminal it drives a bar
+    (checks ask a provider, so even a few are worth one)."""
+    if not shown or not _err_console().is_terminal:
+        yield lambda view: None
+        return
+    total = None if filtered else (await journal.counts())["needs_review"]
+    meter = _Meter("reconciling", total)
+    await anyio.to_thread.run_sync(meter.progress.start)
+    try:
+        yield lambda view: meter.advance()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(meter.progress.stop)
+
+
+@cli.command("reconcile")
+@click.option(
+    "--check",
+    "check_spec",
+    required=True,
+    metavar="MODULE:FUNCTION",
+    help="The check: a function of a record's view returning Happened, DidNotHappen or "
+    "Unknown (an async def, or a plain function run in a worker thread).",
+)
+@click.option("--scope", callback=_label_option, metavar="LABEL", help="Only this scope.")
+@click.option("--program", callback=_label_option, metavar="LABEL", help="Only this program.")
+@click.option("--job", callback=_label_option, metavar="LABEL", help="Only this job.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Checks in flight at once.",
+)
+@click.option("--dry-run", is_flag=True, default=False, help="Call the checks; change nothing.")
+@click.option("--yes", is_flag=True, default=False, help="Resolve as the checks say.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@_journal_options
+@click.pass_context
+def reconcile_command(
+    ctx: click.Context,
+    *,
+    check_spec: str,
+    scope: str | None,
+    program: str | None,
+    job: str | None,
+    limit: int,
+    dry_run: bool,
+    yes: bool,
+    as_json: bool,
+    location: str | None,
+    input_key_file: str | None,
+    trust_shared_root: bool,
+) -> int:
+    """Settle needs_review records by asking the provider, through a check function.
+
+    \b
+    itemjournal reconcile --check billing.checks:charge_status --dry-run
+    itemjournal reconcile --check billing.checks:charge_status --yes
+
+    The check gets each record's view (view.key is the idempotency key the provider was
+    given) and answers Happened(receipt) (resolved succeeded), DidNotHappen(evidence)
+    (resolved released: claimable again) or Unknown(reason) (left for a person). Each
+    resolution is an audited resolve whose note names the check. MODULE is imported from
+    the current directory or PYTHONPATH. Exit 1 when a check failed.
+    """
+    if dry_run == yes:
+        raise click.UsageError(
+            "give exactly one of --dry-run (show what it would do) and --yes (resolve)", ctx
+        )
+    settings = _settings(ctx, location, input_key_file, trust_shared_root)
+    check = _load_check(check_spec)
+    filtered = any(value is not None for value in (scope, program, job))
+
+    async def body(journal: Journal) -> ReconcileReport:
+        async with _checks_meter(journal, shown=not as_json, filtered=filtered) as tick:
+            return await reconcile(
+                journal,
+                check,
+                scope=scope,
+                program=program,
+                job=job,
+                limit=limit,
+                dry_run=dry_run,
+                progress=tick,
+            )
+
+    report = _run(settings, body)
+    if as_json:
+        _write([_dumps(_reconcile_json(report, check_spec), indent=2)])
+    else:
+        for problem in report.problems:
+            _stderr(f"problem: {_problem_text(problem)}")
+        _show_reconcile(_out_console(), report)
+    return EXIT_PROBLEMS if report.failed or report.problems else EXIT_OK
+
+
 # ------------------------------------------------------------------------------ verify
 
 
@@ -1364,7 +1694,7 @@ def verify_command(
     elif problems:
         _write(_clean(problem) for problem in problems)
     else:
-        _write([_clean(f"ok: no problems in {settings.location}")])
+        _write([_clean(f"ok: no problems in {_shown_location(settings.location)}")])
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
