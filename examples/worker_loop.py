@@ -10,10 +10,14 @@ idempotency keys (``Claim.key``). Run it over the same directory several times
   order-5 ``started`` by a process that no longer exists;
 * a rerun reuses every receipt, finds order-5's owner gone and refuses it
   (``REVIEW_REQUIRED``, "owner process gone"), refuses order-3, and asks the provider
-  nothing, until an operator decides (``itemjournal resolve``).
+  nothing, until they are settled: by reconciliation, which asks the provider what happened
+  to each idempotency key (``what_happened`` below is the check), or by an operator
+  (``itemjournal resolve``).
 
     python examples/worker_loop.py --root /tmp/demo-journal --fresh
     python examples/worker_loop.py --root /tmp/demo-journal
+    PYTHONPATH=examples ITEMJOURNAL_LOCATION=/tmp/demo-journal \
+        itemjournal reconcile --check worker_loop:what_happened --yes
 
 ``--root`` defaults to ``$ITEMJOURNAL_LOCATION``, the variable the ``itemjournal``
 command reads, or else ``./demo-journal``. The provider keeps its charges in
@@ -34,7 +38,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 import itemjournal
-from itemjournal import ConflictError, Journal
+from itemjournal import ConflictError, DidNotHappen, Happened, Journal, RecordView, Unknown
 
 ORDERS = {
     "order-1": "12.00",
@@ -72,10 +76,20 @@ class Provider:
         self.asked = 0
         self.charged = 0
 
-    def _charge_sync(self, order: str, amount: str, idempotency_key: str) -> str:
+    def _lookup_sync(self, idempotency_key: str) -> dict[str, str] | None:
         for line in read_ledger(self.ledger):
             if line["idempotency_key"] == idempotency_key:
-                return line["charge"]
+                return line
+        return None
+
+    async def lookup(self, idempotency_key: str) -> dict[str, str] | None:
+        """What happened to this key: the charge made under it, or None (none was made)."""
+        return await anyio.to_thread.run_sync(self._lookup_sync, idempotency_key)
+
+    def _charge_sync(self, order: str, amount: str, idempotency_key: str) -> str:
+        known = self._lookup_sync(idempotency_key)
+        if known is not None:
+            return known["charge"]
         charge = f"ch_{secrets.token_hex(6)}"
         entry = {
             "idempotency_key": idempotency_key,
@@ -99,6 +113,27 @@ class Provider:
         if order == self.hang_on:
             await anyio.sleep_forever()
         return await anyio.to_thread.run_sync(self._charge_sync, order, amount, idempotency_key)
+
+
+async def what_happened(view: RecordView) -> Happened | DidNotHappen | Unknown:
+    """The reconciliation check: ask the provider what happened to the record's key.
+
+    ``itemjournal reconcile --check worker_loop:what_happened`` calls it for each record in
+    review (this directory on ``PYTHONPATH``; the provider's ledger is found beside the
+    journal that ``ITEMJOURNAL_LOCATION`` names). ``DidNotHappen`` is safe here because
+    the provider honours the idempotency key: should a lost charge still land, the retry
+    under the same key gets that charge back and nothing is charged twice.
+    """
+    root = os.environ.get("ITEMJOURNAL_LOCATION")
+    if not root:
+        return Unknown("ITEMJOURNAL_LOCATION is not set: the provider's ledger is not found")
+    charge = await Provider(ledger_path(root), hang_on=None).lookup(view.key)
+    if charge is None:
+        return DidNotHappen(f"no charge under the key {view.key[:16]}... in its ledger")
+    return Happened(
+        charge["charge"],
+        note=f"charge {charge['charge']} of {charge['amount']} for {charge['order']} in its ledger",
+    )
 
 
 def die_now(order: str, charge: str) -> None:

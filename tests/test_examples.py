@@ -47,7 +47,7 @@ def test_worker_loop_dies_then_reruns(tmp_path: Path) -> None:
     assert ledger(root) == charged
 
 
-def test_demo_ends_with_the_operator_resolving_both_items(tmp_path: Path) -> None:
+def test_demo_ends_with_reconciliation_settling_both_items(tmp_path: Path) -> None:
     root = str(tmp_path / "demo")
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / "demo.py"), "--root", root],
@@ -58,15 +58,16 @@ def test_demo_ends_with_the_operator_resolving_both_items(tmp_path: Path) -> Non
     )
     out = result.stdout
     assert "Traceback" not in result.stderr
+    check = "--check worker_loop:what_happened"
     steps = [
         "$ python examples/worker_loop.py --fresh",
         "died by SIGKILL (return code -9)",
         "$ python examples/worker_loop.py",
         "$ itemjournal list --status needs_review",
         "$ itemjournal show demo-shop billing charge order-5",
-        "the provider's dashboard",
-        "$ itemjournal resolve demo-shop billing charge order-5 --receipt ch_",
-        "$ itemjournal resolve demo-shop billing charge order-3 --retry --note",
+        f"$ itemjournal reconcile {check} --dry-run",
+        f"$ itemjournal reconcile {check} --yes",
+        "$ itemjournal show demo-shop billing charge order-5",
         "$ python examples/worker_loop.py",
         "$ itemjournal list",
     ]
@@ -76,6 +77,8 @@ def test_demo_ends_with_the_operator_resolving_both_items(tmp_path: Path) -> Non
     first, rest = out.split("$ python examples/worker_loop.py\n", 1)
     rerun, operator = rest.split("$ itemjournal list --status needs_review", 1)
     operator, last_run = operator.split("$ python examples/worker_loop.py\n", 1)
+    _, dry, applied = operator.split("$ itemjournal reconcile", 2)
+    applied, audit = applied.split("$ itemjournal show", 1)
 
     charges = ledger(root)
     assert len(charges) == 5
@@ -95,9 +98,21 @@ def test_demo_ends_with_the_operator_resolving_both_items(tmp_path: Path) -> Non
     review_list = operator.split("$ itemjournal show", 1)[0]
     assert review_list.count("needs_review   demo-shop") == 2
     assert "block raised TimeoutError" in review_list and "owner process gone" in review_list
-    assert f'"charge": "{charge_5}"' in operator and "order-3: no charge for key" in operator
-    assert f"resolved demo-shop/billing/charge/order-5: succeeded, receipt {charge_5}" in operator
-    assert "resolved demo-shop/billing/charge/order-3: released" in operator
+
+    # The dry run asks the provider and changes nothing; --yes settles both items.
+    assert f"would resolve succeeded, receipt {charge_5}" in dry
+    assert "would resolve released: no charge under the key" in dry
+    assert "would resolve 2 of 2 checked records; nothing changed" in dry
+    assert f"resolved succeeded, receipt {charge_5}" in applied
+    assert "resolved released: no charge under the key" in applied
+    assert "resolved 2 of 2 checked records" in applied
+    assert "failed                 0" in applied
+    # The crashed item's history names the reconciliation that settled it.
+    assert f"receipt        {charge_5}" in audit
+    assert (
+        "reconciled by worker_loop.what_happened: the provider reports it happened: "
+        f"charge {charge_5} of 45.00 for order-5 in its ledger"
+    ) in audit
 
     assert f"order-3: charged, receipt {charge_3}" in last_run
     assert f"order-5: reused receipt {charge_5}" in last_run
@@ -106,5 +121,6 @@ def test_demo_ends_with_the_operator_resolving_both_items(tmp_path: Path) -> Non
     last_list = out.rsplit("$ itemjournal list", 1)[1]
     assert last_list.count("succeeded") == 5
     assert "order-5   1" in last_list and f"receipt {charge_5}" in last_list
+    assert "order-3   2" in last_list and f"receipt {charge_3}" in last_list
     assert "needs_review" not in last_list
     assert last_list.rstrip().endswith("5 records")
