@@ -40,6 +40,8 @@ IN_REVIEW = [order(n) for n in (2, 3, 4, 5, 6)]
 ELSEWHERE = order(8, scope="outlet")  # needs_review, in another scope
 
 CHECKS = """
+import os
+
 from itemjournal import DidNotHappen, Happened, Unknown
 
 LEDGER = {"order-2": "ch_2", "order-8": "ch_8"}
@@ -68,6 +70,15 @@ class Checks:
     @staticmethod
     async def nested(view):
         return Unknown("a static method")
+
+
+async def meddle(view):
+    # Someone else settles the record while the check asks the provider: it is left.
+    from itemjournal import Journal
+
+    async with await Journal.open(os.environ["RECON_LOCATION"]) as journal:
+        await journal.resolve(view.identity, retry=True, note="an operator was faster")
+    return Happened("ch_late")
 
 
 NOT_A_FUNCTION = 42
@@ -125,8 +136,10 @@ def views(location: str) -> dict[Identity, RecordView]:
     return found
 
 
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env=dict(CLEAN_ENV), catch_exceptions=False)
+def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(
+        cli, list(args), env={**CLEAN_ENV, **(env or {})}, catch_exceptions=False
+    )
 
 
 def one_error(result: Result, code: str, exit_code: int = 2) -> str:
@@ -232,6 +245,25 @@ def test_filters_and_limit(loc: str, checks: str) -> None:
         f"reconciled by {checks}.plain: the provider reports it did not happen: "
         "a plain function's answer"
     )
+
+
+def test_a_record_settled_by_someone_else_meanwhile_is_left(loc: str, checks: str) -> None:
+    result = invoke(
+        "-L",
+        loc,
+        "reconcile",
+        "--check",
+        f"{checks}:meddle",
+        "--yes",
+        "--scope",
+        "outlet",
+        env={"RECON_LOCATION": loc},
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "changed meanwhile, left as it is: now released" in rows(result.stdout)["order-8"]
+    after = views(loc)[ELSEWHERE]
+    assert after.history[-1].note == "an operator was faster"
+    assert after.receipt is None
 
 
 # --------------------------------------------------------------------------------- json

@@ -31,6 +31,7 @@ from itemjournal import (
     RecordInvalid,
     RecordView,
     Reuse,
+    StorageFailed,
     Unknown,
     definition_digest,
 )
@@ -562,6 +563,66 @@ async def test_long_notes_are_cut_to_fit(journal: Journal) -> None:
         assert note is not None
         assert len(note) == MAX_NOTE
         assert note.endswith("\u2026")
+
+
+class _Mute(Exception):
+    def __str__(self) -> str:
+        raise ValueError("this message cannot be shown")
+
+
+async def test_failures_name_the_exception_whatever_its_message(journal: Journal) -> None:
+    await make_review(journal, ["order-0", "order-1", "order-2"])
+
+    async def check(view: RecordView) -> Unknown:
+        if number(view) == 0:
+            raise _Mute
+        if number(view) == 1:
+            raise KeyError
+        raise ValueError("x" * 5000)
+
+    report = await journal.reconcile(check)
+    texts = {view.identity.item: text for view, text in report.failed}
+    assert texts["order-0"] == "_Mute: (its message cannot be shown)"
+    assert texts["order-1"] == "KeyError"
+    assert len(texts["order-2"]) == 1000
+    assert texts["order-2"].startswith("ValueError: xxx")
+
+
+async def test_a_resolution_that_cannot_be_written_fails_alone(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await make_review(journal, ["order-1", "order-6"])
+    before = await snapshot(journal)
+    store = journal.store
+    original = store.apply
+
+    async def disk_full_for_one(ident_: Identity, step: Any) -> Any:
+        if ident_ == ident("order-1"):
+            raise StorageFailed("no space left on the device")
+        return await original(ident_, step)
+
+    monkeypatch.setattr(store, "apply", disk_full_for_one)
+    report = await journal.reconcile(lambda view: DidNotHappen("no charge"))
+    monkeypatch.undo()
+    ((view, text),) = report.failed
+    assert view == before[ident("order-1")]
+    assert text == "the resolution was not written: STORAGE_FAILED: no space left on the device"
+    assert await journal.inspect(ident("order-1")) == before[ident("order-1")]
+    assert [v.identity for v in report.did_not_happen] == [ident("order-6")]
+
+
+async def test_progress_is_told_of_each_record_settled(journal: Journal) -> None:
+    from itemjournal._reconcile import reconcile
+
+    await make_review(journal, [f"order-{n}" for n in range(7)])
+    told: list[Identity] = []
+    report = await reconcile(
+        journal, Provider(journal), dry_run=True, progress=lambda view: told.append(view.identity)
+    )
+    assert sorted(told) == sorted(ident(f"order-{n}") for n in range(7))
+    assert report.checked == 7
+    with pytest.raises(InvalidArgument):
+        await reconcile(journal, Provider(journal), progress=5)  # type: ignore[arg-type]
 
 
 def _spoil(location: str, identity: Identity) -> None:

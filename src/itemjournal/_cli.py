@@ -1523,9 +1523,8 @@ def _entry_detail(entry: _Entry, dry_run: bool) -> str:
         return text if verdict.note is None else f"{text}: {verdict.note}"
     if isinstance(verdict, DidNotHappen):
         return f"{done} released: {verdict.evidence}"
-    if isinstance(verdict, Unknown):
-        return f"left in review: {verdict.reason}"
-    return "-"
+    assert isinstance(verdict, Unknown)
+    return f"left in review: {verdict.reason}"
 
 
 def _show_reconcile(console: _Screen, report: ReconcileReport) -> None:

@@ -367,8 +367,6 @@ async def reconcile(
             if isinstance(item, (RecordInvalid, StorageFailed)):
                 problems.append(item)
                 continue
-            if item.status != "needs_review":
-                continue
             await slots.acquire()
             group.start_soon(settle, item, slots)
 
