@@ -4,7 +4,9 @@ the event loop thread."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -46,7 +48,48 @@ def root(tmp_path: Path) -> Path:
     return tmp_path / "journal"
 
 
-STORE_KINDS = ("file", "sqlite", "memory")
+STORE_KINDS = ("file", "sqlite", "postgres", "memory")
+
+# Where the PostgreSQL tests find their server: a postgresql:// URL. Unset, they skip
+# with this reason; with ITEMJOURNAL_REQUIRE_POSTGRES=1 (as in CI) they fail instead.
+POSTGRES_VARIABLE = "ITEMJOURNAL_TEST_POSTGRES"
+_postgres_problem: list[str] = []  # why the server cannot be used (found once per run)
+
+
+def postgres_url() -> str:
+    """The test server's URL, or skip (fail, when it is required) saying why there is none."""
+    url = os.environ.get(POSTGRES_VARIABLE, "")
+    if not _postgres_problem:
+        if not url:
+            _postgres_problem.append(f"{POSTGRES_VARIABLE} is not set (a postgresql:// URL)")
+        else:
+            import psycopg
+
+            try:
+                psycopg.connect(url, connect_timeout=5).close()
+                _postgres_problem.append("")
+            except psycopg.Error as error:
+                _postgres_problem.append(f"cannot connect to {POSTGRES_VARIABLE}: {error}")
+    problem = _postgres_problem[0]
+    if problem:
+        if os.environ.get("ITEMJOURNAL_REQUIRE_POSTGRES") == "1":
+            pytest.fail(f"the PostgreSQL tests are required: {problem}")
+        pytest.skip(problem)
+    return url
+
+
+@contextlib.contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A location in a schema of its own on the test server, dropped afterwards."""
+    import psycopg
+
+    url = postgres_url()
+    schema = f"ijtest_{os.getpid()}_{secrets.token_hex(6)}"
+    try:
+        yield f"{url}{'&' if '?' in url else '?'}schema={schema}"
+    finally:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -55,26 +98,34 @@ def store_kind(request: pytest.FixtureRequest) -> str:
 
     The in-memory store has no location: it runs the tests that take their journals from
     ``journal`` or ``make_journal``; a test that only uses the kind to build a location
-    of its own is skipped for it.
+    of its own is skipped for it. The PostgreSQL store runs where a server is given.
     """
     kind = str(request.param)
     if kind == "memory" and "make_journal" not in request.fixturenames:
         pytest.skip("an in-memory store has no location")
+    if kind == "postgres":
+        postgres_url()
     return kind
 
 
 @pytest.fixture
-def location(store_kind: str, root: Path) -> str:
+def location(store_kind: str, root: Path) -> Iterator[str]:
     """The ``Journal.open`` location of the test's journal, for the store under test.
 
     The in-memory store has none: a test that needs one (to open it again, from another
-    process, or to look at its files) is skipped for it.
+    process, or to look at its files) is skipped for it. A PostgreSQL location is a
+    schema of its own, dropped after the test.
     """
     if store_kind == "memory":
         pytest.skip("an in-memory store has no location")
+    if store_kind == "postgres":
+        with postgres_schema() as url:
+            yield url
+        return
     if store_kind == "sqlite":
-        return f"sqlite://{root}/journal.db"
-    return str(root)
+        yield f"sqlite://{root}/journal.db"
+        return
+    yield str(root)
 
 
 @pytest.fixture
@@ -86,9 +137,10 @@ def file_only(store_kind: str) -> None:
 
 @pytest.fixture
 def on_disk(store_kind: str) -> None:
-    """Skip (for the in-memory store) a test that looks at the files a store writes."""
-    if store_kind == "memory":
-        pytest.skip("an in-memory store writes no files")
+    """Skip (for the in-memory and PostgreSQL stores) a test that looks at the files a store
+    writes."""
+    if store_kind in ("memory", "postgres"):
+        pytest.skip(f"the {store_kind} store writes no files here")
 
 
 @pytest.fixture
@@ -158,3 +210,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         for line in text.splitlines():
             if line.strip():
                 terminalreporter.write_line(f"    {line.strip()}")
+
+
+@pytest.fixture(autouse=True)
+def _close_forgotten_postgres_stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Close any PostgreSQL store a test opened and left open, so that its connections
+    (and the server's connection slots) do not outlive the test."""
+    try:
+        from itemjournal._pgstore import PostgresStore
+    except ImportError:  # pragma: no cover - the postgres extra is part of the test extra
+        yield
+        return
+    opened: list[PostgresStore] = []
+    real_open = PostgresStore._open_sync
+
+    def recording_open(store: PostgresStore) -> None:
+        opened.append(store)
+        real_open(store)
+
+    monkeypatch.setattr(PostgresStore, "_open_sync", recording_open)
+    yield
+    for store in opened:
+        store._close_sync()

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _pg
 import anyio
 import pytest
 
@@ -69,8 +70,12 @@ class HeldLock:
         self.identity = identity
         self.fd: int | None = None
         self.connection: sqlite3.Connection | None = None
+        self.postgres: Any = None
 
     def take(self) -> None:
+        if _pg.is_postgres(self.location):
+            self.postgres = _pg.hold_row(self.location, identity_digest(self.identity))
+            return
         if self.location.startswith("sqlite://"):
             self.connection = sqlite3.connect(
                 db_path(self.location), isolation_level=None, check_same_thread=False
@@ -84,6 +89,9 @@ class HeldLock:
         assert try_lock_record(self.fd, digest)
 
     def give_back(self) -> None:
+        if self.postgres is not None:
+            self.postgres.close()  # rolls back: the placeholder row was never there
+            self.postgres = None
         if self.connection is not None:
             self.connection.execute("ROLLBACK")
             self.connection.close()
@@ -386,6 +394,9 @@ def leave_dead_claims(location: str, count: int) -> list[Identity]:
 def spoil_one(location: str, identity: Identity) -> None:
     """Make one record unworkable: its fan-out's lock file a directory, or its row corrupt."""
     digest = identity_digest(identity)
+    if _pg.is_postgres(location):
+        _pg.put_document(location, digest, b"{not json")
+        return
     if location.startswith("sqlite://"):
         with sqlite3.connect(db_path(location)) as connection:
             connection.execute(
@@ -405,7 +416,7 @@ async def test_one_bad_entry_does_not_stop_a_sweep(location: str, journal: Journ
     await anyio.to_thread.run_sync(spoil_one, location, spoiled)
     # Records sharing the spoiled record's fan-out directory are unworkable too there.
     fanout = identity_digest(spoiled)[:2]
-    if location.startswith("sqlite://"):
+    if location.startswith("sqlite://") or _pg.is_postgres(location):
         unworkable = {spoiled}
     else:
         unworkable = {i for i in dead if identity_digest(i)[:2] == fanout}

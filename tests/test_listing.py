@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import _pg
 import anyio
 import pytest
 
@@ -134,6 +135,9 @@ async def test_counts(journal: Journal) -> None:
 
 def spoil(location: str, journal: Journal, identity: Identity) -> None:
     digest = identity_digest(identity)
+    if _pg.is_postgres(location):
+        _pg.put_document(location, digest, b"{broken")
+        return
     if location.startswith("sqlite://"):
         with contextlib.closing(sqlite3.connect(location[len("sqlite://") :])) as connection:
             connection.execute(

@@ -238,8 +238,14 @@ class Journal:
             raise InvalidArgument(
                 "the location holds a NUL character", code="ABSOLUTE_ROOT_REQUIRED"
             )
-        store = open_store(
-            text, lock_timeout=float(lock_timeout), trust_shared_root=trust_shared_root
+        # A store's module is imported on first use, and imports read files: in a thread.
+        store = await run_in_thread(
+            functools.partial(
+                open_store,
+                text,
+                lock_timeout=float(lock_timeout),
+                trust_shared_root=trust_shared_root,
+            )
         )
         journal = cls(store, input_key=input_key)
         try:

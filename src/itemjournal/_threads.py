@@ -67,13 +67,23 @@ class _Trip(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
-async def run_in_thread(function: Callable[[Unpack[Args]], T], *args: *Args) -> T:
-    """Run ``function(*args)`` in a worker thread; wait for it even through a native cancel."""
+async def run_in_thread(
+    function: Callable[[Unpack[Args]], T],
+    *args: *Args,
+    on_cancel: Callable[[], None] | None = None,
+) -> T:
+    """Run ``function(*args)`` in a worker thread; wait for it even through a native cancel.
+
+    ``on_cancel``, when given, is called (on the event loop, once, and it must not block)
+    when the caller is cancelled while the trip runs: it may ask the trip to end early.
+    """
     trip: _Trip[T] = _Trip(function, args)
     try:
-        await anyio.to_thread.run_sync(trip.run)
+        await anyio.to_thread.run_sync(trip.run, abandon_on_cancel=on_cancel is not None)
     except BaseException:
         if not trip.abandon():
+            if on_cancel is not None and not trip.finished:
+                on_cancel()
             with anyio.CancelScope(shield=True):
                 while not trip.finished:
                     try:
@@ -105,13 +115,18 @@ class Trips:
         if self.closed:
             raise StorageFailed(f"{self._owner!r} is closed")
 
-    async def run(self, function: Callable[[Unpack[Args]], T], *args: *Args) -> T:
+    async def run(
+        self,
+        function: Callable[[Unpack[Args]], T],
+        *args: *Args,
+        on_cancel: Callable[[], None] | None = None,
+    ) -> T:
         if self.closed:
             await anyio.lowlevel.checkpoint()
             self.check_open()
         self._in_flight += 1
         try:
-            return await run_in_thread(function, *args)
+            return await run_in_thread(function, *args, on_cancel=on_cancel)
         finally:
             self._in_flight -= 1
             if not self._in_flight and self._idle is not None:

@@ -1,0 +1,836 @@
+"""The PostgreSQL store: one journal shared by many hosts.
+
+Layout: a schema (``itemjournal`` unless the location says ``?schema=name``) holding two
+tables, ``records`` (one row per identity: its digest, status, claim id and the record
+document's exact bytes, as ``bytea``, so that the strict reader sees what was written)
+and ``meta`` (the schema version and the journal's settings). A partial index on the open
+statuses serves the sweeps and review queues.
+
+Every operation is one worker-thread trip holding one pooled connection
+(``psycopg_pool.ConnectionPool``): psycopg's own async connection runs on asyncio only,
+and the journal runs on trio too. A transition reads the row ``FOR UPDATE``, runs the
+journal's step and writes in the same transaction, so two hosts never lose each other's
+update; a new record is an ``INSERT … ON CONFLICT DO NOTHING``, and losing that race re-runs
+the step on the row the winner wrote.
+
+**Outcome unknown.** A connection lost while ``COMMIT`` was under way is neither success nor
+failure. The store then *fences* the lost session (ends its backend, if it still runs, and
+waits for it, so its transaction is settled one way or the other), re-reads the row on a
+fresh connection and compares it with what it wrote: the same bytes, the write happened;
+the bytes from before, it did not; anything else, or no answer, is ``STORAGE_FAILED``
+saying the outcome is unknown. A write is never retried blindly.
+
+**Owners across hosts.** Each open store holds a session-level advisory lock, named by a
+random 63-bit token, on a connection of its own; the claims it writes name that token
+(``Owner.session``). A started record's owner is alive exactly while its lock is held
+(``pg_locks``), whichever host it runs on. When a host dies, PostgreSQL ends its session
+(the store sets the server's TCP keepalives on it) and the lock goes with it. A store
+whose lock connection was lost takes a new token before its next claim; its earlier claims
+are then taken as gone by the others (and marked for review, never run again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import re
+import secrets
+import threading
+import time
+import urllib.parse
+import weakref
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.to_thread
+import psycopg
+import psycopg.errors
+import psycopg_pool
+from psycopg import sql
+
+from ._errors import InvalidArgument, RecordInvalid, StorageFailed
+from ._identity import Identity, identity_digest
+from ._locations import redact
+from ._owner import current_owner, owner_alive
+from ._records import STATUSES, Owner, Record, decode_record, encode_record
+from ._store import Step, StepFunction
+from ._threads import Trips
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+
+SCHEMA_VERSION: Final = "1"
+_KIND: Final = "itemjournal"
+_OPEN_STATUSES: Final = ("started", "needs_review")
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# A constant first key for the lock that serialises creating the schema (any 32-bit
+# value; this one spells "ijnl").
+_CREATE_LOCK: Final = 0x696A6E6C
+_SESSION_PREFIX: Final = "pg:"
+# What the server is asked to do on the session that holds the owner lock, so that a
+# vanished host's session (and with it its lock) ends within about 5 + 3 * 2 seconds.
+_KEEPALIVE: Final = {
+    "tcp_keepalives_idle": 5,
+    "tcp_keepalives_interval": 2,
+    "tcp_keepalives_count": 3,
+    "tcp_user_timeout": 11000,
+}
+_FENCE_WAIT_MS: Final = 5000
+_OUR_PARAMETERS: Final = ("schema", "pool_size")
+_RETRIES: Final = 8  # lost insert races (or a lost owner session) before giving up
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _failure(what: str, error: BaseException) -> StorageFailed:
+    """``STORAGE_FAILED`` saying ``what``; a wait that ran out of time is ``ETIMEDOUT``."""
+    timed_out = isinstance(error, psycopg.errors.LockNotAvailable | psycopg_pool.PoolTimeout)
+    failure = StorageFailed(
+        f"{what}: {_describe(error)}", errno=errno.ETIMEDOUT if timed_out else None
+    )
+    failure.__cause__ = error
+    return failure
+
+
+def _lock_keys(token: int) -> tuple[int, int]:
+    """``pg_locks``' ``classid`` and ``objid`` of the advisory lock on a bigint ``token``."""
+    return (token >> 32) & 0xFFFFFFFF, token & 0xFFFFFFFF
+
+
+def _token_of(session: str) -> int | None:
+    if not session.startswith(_SESSION_PREFIX):
+        return None
+    try:
+        return int(session[len(_SESSION_PREFIX) :], 16)
+    except ValueError:
+        return None
+
+
+_HELD: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1{pid})"
+)
+
+
+@dataclasses.dataclass(slots=True)
+class _Session:
+    """This store's owner lock: its connection, its token and that backend's pid."""
+
+    connection: psycopg.Connection[Any]
+    token: int
+    pid: int
+
+    @property
+    def name(self) -> str:
+        return f"{_SESSION_PREFIX}{self.token:016x}"
+
+
+class _Call:
+    """One operation's worker trip, as its caller's cancellation sees it: while the trip
+    waits (for a row lock, a connection, the server), a cancel interrupts the statement
+    under way; once the commit has begun, nothing interrupts it."""
+
+    __slots__ = ("cancelled", "committing", "connection", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.connection: psycopg.Connection[Any] | None = None
+        self.cancelled = False
+        self.committing = False
+
+    def cancel(self) -> None:
+        """On the event loop: the caller is gone. Interrupt what runs, in a thread of its own
+        (asking the server to cancel means connecting to it)."""
+        with self.lock:
+            self.cancelled = True
+            connection = None if self.committing else self.connection
+        if connection is not None:
+            threading.Thread(target=_interrupt, args=(connection,), daemon=True).start()
+
+    def may_commit(self) -> bool:
+        """Called just before ``COMMIT``: False when the caller is gone (then roll back)."""
+        with self.lock:
+            self.committing = not self.cancelled
+            return self.committing
+
+
+def _interrupt(connection: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        connection.cancel_safe(timeout=5.0)
+
+
+class _Lost(Exception):
+    """The row changed under a step (a lost insert race, or a lost owner session): run the
+    step again on what is there now."""
+
+
+class PostgresStore:
+    """Record documents in a PostgreSQL database, shared by every host that opens it.
+
+    ``location`` is a ``postgresql://`` (or ``postgres://``) URL as libpq takes it; two
+    parameters of the URL are the store's own and are not passed on: ``schema`` (where
+    the tables live, ``itemjournal`` by default) and ``pool_size`` (connections per open
+    store, 8 by default, plus one that holds the owner lock). ``lock_timeout`` bounds, in
+    seconds, the wait for a pooled connection, for connecting, and for a row another
+    session has locked. The password never appears in ``location``, ``repr`` or errors.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        lock_timeout: float = 30.0,
+        trust_shared_root: bool = False,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+            raise InvalidArgument(
+                "a PostgreSQL location is a postgresql://user@host/database URL",
+                code="ABSOLUTE_ROOT_REQUIRED",
+            )
+        parts = urllib.parse.urlsplit(url)
+        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ours = {name: value for name, value in pairs if name in _OUR_PARAMETERS}
+        schema = ours.get("schema", "itemjournal")
+        if _IDENTIFIER.fullmatch(schema) is None:
+            raise InvalidArgument(
+                f"schema is a lowercase SQL identifier (letters, digits, _), not {schema!r}",
+                code="INVALID_ARGUMENT",
+            )
+        size_text = ours.get("pool_size", "8")
+        if not size_text.isdigit() or not 1 <= int(size_text) <= 100:
+            raise InvalidArgument(
+                f"pool_size is a whole number from 1 to 100, not {size_text!r}",
+                code="INVALID_ARGUMENT",
+            )
+        rest = urllib.parse.urlencode([(n, v) for n, v in pairs if n not in _OUR_PARAMETERS])
+        self._conninfo = urllib.parse.urlunsplit(parts._replace(query=rest))
+        self.location = redact(url)
+        self.schema = schema
+        self.pool_size = int(size_text)
+        self.lock_timeout = lock_timeout
+        self.trust_shared_root = trust_shared_root  # a database is shared by design
+        self.commits = 0  # committed write transactions, for tests and benchmarks
+        self.unknown_settled = 0  # commits whose lost outcome a re-read settled
+        self._records = sql.Identifier(schema, "records")
+        self._meta = sql.Identifier(schema, "meta")
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = None
+        self._session: _Session | None = None
+        self._session_lock = threading.Lock()
+        self._local = threading.local()  # the connection of the running step, if any
+        # When each pooled connection's backend started: names its session exactly.
+        self._backend_start: weakref.WeakKeyDictionary[psycopg.Connection[Any], object] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._trips = Trips(self)
+
+    @classmethod
+    def from_location(
+        cls, location: str, *, lock_timeout: float, trust_shared_root: bool
+    ) -> PostgresStore:
+        """The store for ``Journal.open``'s location, a ``postgresql://`` URL."""
+        scheme, _, rest = location.partition("://")
+        return cls(
+            f"{scheme.lower()}://{rest}",
+            lock_timeout=lock_timeout,
+            trust_shared_root=trust_shared_root,
+        )
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.location!r})"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def open(self) -> None:
+        await self._trips.run(self._open_sync)
+
+    def _open_sync(self) -> None:
+        if self._pool is not None:
+            return
+        pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            self._conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            open=False,
+            timeout=self.lock_timeout,
+            kwargs={"autocommit": False, "connect_timeout": max(1, round(self.lock_timeout))},
+            configure=self._configure,
+            name=f"itemjournal-{secrets.token_hex(4)}",
+        )
+        try:
+            pool.open(wait=True, timeout=self.lock_timeout)
+        except psycopg_pool.PoolTimeout as error:
+            pool.close(timeout=0)
+            raise _failure(f"cannot connect to {self.location}", error) from error
+        self._pool = pool
+        try:
+            with self._connection() as connection:
+                self._prepare(connection)
+            self._renew_session(None)
+        except BaseException:
+            self._close_sync()
+            raise
+
+    def _configure(self, connection: psycopg.Connection[Any]) -> None:
+        # Rows another session holds are waited for at most lock_timeout.
+        milliseconds = max(1, round(self.lock_timeout * 1000))
+        connection.execute(f"SET lock_timeout = {milliseconds}")
+        row = connection.execute(
+            "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
+        self._backend_start[connection] = None if row is None else row[0]
+        connection.commit()
+
+    def _prepare(self, connection: psycopg.Connection[Any]) -> None:
+        """Create the schema and tables, or check the ones there, in one transaction that
+        holds a lock, so that first openers on many hosts never trip over each other."""
+        schema = sql.Identifier(self.schema)
+        try:
+            connection.execute(
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CREATE_LOCK, self.schema)
+            )
+            exists = connection.execute(
+                "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                (f"{self.schema}.records", f"{self.schema}.meta"),
+            ).fetchone()
+            assert exists is not None
+            if exists == (False, False):
+                self._create(connection, schema)
+            elif not all(exists):
+                raise StorageFailed(
+                    f"{self.location} (schema {self.schema}) holds tables that itemjournal "
+                    "did not make; choose another schema with ?schema=name"
+                )
+            self._check_meta(connection)
+            connection.commit()
+        except psycopg.Error as error:
+            self._roll_back(connection)
+            raise _failure(f"cannot prepare the journal in {self.location}", error) from error
+        except BaseException:
+            self._roll_back(connection)
+            raise
+
+    def _create(self, connection: psycopg.Connection[Any], schema: sql.Identifier) -> None:
+        statuses = sql.SQL(", ").join(sql.Literal(status) for status in STATUSES)
+        open_statuses = sql.SQL(", ").join(sql.Literal(status) for status in _OPEN_STATUSES)
+        for statement in (
+            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema),
+            sql.SQL(
+                'CREATE TABLE {} (digest text COLLATE "C" PRIMARY KEY, '
+                "status text NOT NULL CHECK (status IN ({})), "
+                "claim_id text NOT NULL, document bytea NOT NULL)"
+            ).format(self._records, statuses),
+            sql.SQL("CREATE INDEX {} ON {} (status, digest) WHERE status IN ({})").format(
+                sql.Identifier("records_open"), self._records, open_statuses
+            ),
+            sql.SQL("CREATE TABLE {} (key text PRIMARY KEY, value text NOT NULL)").format(
+                self._meta
+            ),
+            sql.SQL(
+                "INSERT INTO {} (key, value) VALUES ('kind', {}), ('schema_version', {})"
+            ).format(self._meta, sql.Literal(_KIND), sql.Literal(SCHEMA_VERSION)),
+        ):
+            connection.execute(statement)
+
+    def _check_meta(self, connection: psycopg.Connection[Any]) -> None:
+        rows = dict(
+            connection.execute(
+                sql.SQL("SELECT key, value FROM {} WHERE key IN ('kind', 'schema_version')").format(
+                    self._meta
+                )
+            ).fetchall()
+        )
+        if rows.get("kind") != _KIND:
+            raise StorageFailed(
+                f"{self.location} (schema {self.schema}) was not made by itemjournal"
+            )
+        version = rows.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StorageFailed(
+                f"{self.location} (schema {self.schema}) has journal schema version "
+                f"{version!r}; this itemjournal reads version {SCHEMA_VERSION}"
+            )
+
+    async def check(self) -> list[str]:
+        return await self._trips.run(self._check_sync)
+
+    def _check_sync(self) -> list[str]:
+        try:
+            with self._connection() as connection:
+                self._check_meta(connection)
+                connection.rollback()
+        except StorageFailed as error:
+            return [str(error)]
+        except psycopg.Error as error:
+            return [str(_failure(f"cannot check {self.location}", error))]
+        return []
+
+    async def aclose(self) -> None:
+        await self._trips.close()
+        await anyio.to_thread.run_sync(self._close_sync)
+
+    def _close_sync(self) -> None:
+        pool, self._pool = self._pool, None
+        with self._session_lock:
+            session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.connection.close()  # ends the session: its owner lock goes with it
+        if pool is not None:
+            pool.close(timeout=self.lock_timeout)
+
+    # ------------------------------------------------------------------ owners
+
+    def owner(self) -> Owner:
+        session = self._session
+        me = current_owner()
+        return me if session is None else dataclasses.replace(me, session=session.name)
+
+    def owner_alive(self, owner: Owner | None) -> bool | None:
+        """Whether the session that made ``owner``'s claim still holds its lock, on any host.
+
+        An owner without a session (a record copied from another store) is judged as
+        the stores of one host judge it."""
+        if owner is None:
+            return None
+        token = _token_of(owner.session)
+        if token is None:
+            return owner_alive(owner)
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            return self._held(connection, token)
+        with self._connection() as borrowed:
+            try:
+                return self._held(borrowed, token)
+            finally:
+                self._roll_back(borrowed)
+
+    def _held(
+        self, connection: psycopg.Connection[Any], token: int, pid: int | None = None
+    ) -> bool:
+        query = _HELD.format(pid="" if pid is None else " AND pid = %s")
+        parameters: tuple[int, ...] = (
+            _lock_keys(token) if pid is None else (*_lock_keys(token), pid)
+        )
+        try:
+            row = connection.execute(query, parameters).fetchone()
+        except psycopg.Error as error:
+            raise _failure(f"cannot ask {self.location} which owners live", error) from error
+        return bool(row and row[0])
+
+    def _renew_session(self, lost: _Session | None) -> None:
+        """Hold an owner lock on a connection of our own (a new one if ``lost`` is ours)."""
+        with self._session_lock:
+            if self._session is not lost:
+                return  # another thread renewed it already
+            if lost is not None:
+                with contextlib.suppress(Exception):
+                    lost.connection.close()
+                self._session = None
+            try:
+                connection = psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self.lock_timeout)),
+                )
+            except psycopg.Error as error:
+                raise _failure(f"cannot connect to {self.location}", error) from error
+            try:
+                for name, value in _KEEPALIVE.items():
+                    connection.execute(
+                        sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(str(value)))
+                    )
+                while True:
+                    token = secrets.randbits(63)
+                    row = connection.execute(
+                        "SELECT pg_try_advisory_lock(%s), pg_backend_pid()", (token,)
+                    ).fetchone()
+                    assert row is not None
+                    if row[0]:
+                        break
+            except psycopg.Error as error:
+                connection.close()
+                raise _failure(f"cannot take an owner lock in {self.location}", error) from error
+            self._session = _Session(connection, token, int(row[1]))
+
+    # ------------------------------------------------------------------ connections
+
+    @contextlib.contextmanager
+    def _connection(self, call: _Call | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for this trip, rolled back and given back after it. Waits
+        for one at most ``lock_timeout``, and (for a ``call``) until its caller is gone."""
+        pool = self._pool
+        if pool is None or self._trips.closed:
+            raise StorageFailed(f"{self!r} is closed")
+        deadline = time.monotonic() + self.lock_timeout
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                try:
+                    connection = pool.getconn(
+                        timeout=max(0.001, remaining if call is None else min(remaining, 0.05))
+                    )
+                    break
+                except psycopg_pool.PoolTimeout:
+                    if time.monotonic() >= deadline:
+                        raise
+                    if call is not None and call.cancelled:
+                        raise StorageFailed(
+                            "the call was cancelled while it waited for a connection"
+                        ) from None
+        except psycopg_pool.PoolTimeout as error:
+            raise _failure(
+                f"no connection to {self.location} became free within {self.lock_timeout:g} s "
+                f"(pool_size={self.pool_size})",
+                error,
+            ) from error
+        except psycopg_pool.PoolClosed as error:
+            raise _failure(f"{self!r} is closed", error) from error
+        try:
+            yield connection
+        finally:
+            if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                self._roll_back(connection)
+            pool.putconn(connection)
+
+    @staticmethod
+    def _roll_back(connection: psycopg.Connection[Any]) -> None:
+        with contextlib.suppress(Exception):
+            connection.rollback()
+
+    # ------------------------------------------------------------------ reading
+
+    def _decode(self, digest: object, status: object, document: object) -> Record:
+        """The row's record, strictly read; its status column must agree."""
+        location = f"{self.location}#{digest}"
+        if not isinstance(document, bytes):
+            raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
+        record = decode_record(document, str(digest), location=location)
+        if status != record.status:
+            raise RecordInvalid(
+                f"record at {location} has status column {status!r} but document "
+                f"status {record.status!r}",
+                location=location,
+            )
+        return record
+
+    def _row_record(self, digest: str, row: Any) -> Record | None:
+        return None if row is None else self._decode(digest, row[0], _bytes(row[1]))
+
+    async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        return await self._trips.run(self._peek_sync, identity, view)
+
+    def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
+        digest = identity_digest(identity)
+        with self._connection() as connection:
+            try:
+                row = connection.execute(
+                    sql.SQL("SELECT status, document FROM {} WHERE digest = %s").format(
+                        self._records
+                    ),
+                    (digest,),
+                ).fetchone()
+            except psycopg.Error as error:
+                raise _failure(f"cannot read {self.location}", error) from error
+            record = self._row_record(digest, row)
+            self._local.connection = connection
+            try:
+                return view(record)
+            finally:
+                self._local.connection = None
+
+    async def scan(
+        self, *, status: str | None = None, batch: int = 256
+    ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
+        """Every row in digest order, a page per worker trip; see ``Store.scan``.
+
+        A status scan reads the rows whose status column holds that status (the open
+        statuses through their index); the column is checked against the document on
+        every read, and a table constraint keeps it one of the statuses.
+        """
+        if status is not None and status not in STATUSES:
+            raise InvalidArgument(f"no such status: {status!r}", code="INVALID_ARGUMENT")
+        after = ""
+        while True:
+            page, last = await self._trips.run(self._page_sync, after, batch, status)
+            for item in page:
+                yield item
+            if last is None:
+                return
+            after = last
+
+    def _page_sync(
+        self, after: str, size: int, status: str | None
+    ) -> tuple[list[Record | RecordInvalid | StorageFailed], str | None]:
+        condition: sql.Composable = sql.SQL("")
+        if status is not None:
+            condition = sql.SQL(" AND status = {}").format(sql.Literal(status))
+            if status in _OPEN_STATUSES:  # lets the planner see that the partial index holds
+                condition += sql.SQL(" AND status IN ({})").format(
+                    sql.SQL(", ").join(sql.Literal(s) for s in _OPEN_STATUSES)
+                )
+        query = sql.SQL(
+            "SELECT digest, status, document FROM {} WHERE digest > %s{} ORDER BY digest LIMIT %s"
+        ).format(self._records, condition)
+        with self._connection() as connection:
+            try:
+                rows = connection.execute(query, (after, size)).fetchall()
+                connection.rollback()
+            except psycopg.Error as error:
+                raise _failure(f"cannot read {self.location}", error) from error
+        page: list[Record | RecordInvalid | StorageFailed] = []
+        for digest, column, document in rows:
+            try:
+                page.append(self._decode(digest, column, _bytes(document)))
+            except RecordInvalid as error:
+                page.append(error)
+        return page, (rows[-1][0] if len(rows) == size else None)
+
+    # ------------------------------------------------------------------ settings
+
+    async def setting(self, name: str, value: str) -> str:
+        return await self._trips.run(self._setting_sync, f"setting.{name}", value)
+
+    def _setting_sync(self, key: str, value: str) -> str:
+        with self._connection() as connection:
+            try:
+                connection.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
+                    ).format(self._meta),
+                    (key, value),
+                )
+                row = connection.execute(
+                    sql.SQL("SELECT value FROM {} WHERE key = %s").format(self._meta), (key,)
+                ).fetchone()
+                connection.commit()
+            except psycopg.Error as error:
+                raise _failure(
+                    f"cannot record the setting {key!r} in {self.location}", error
+                ) from error
+        assert row is not None
+        return str(row[0])
+
+    # ------------------------------------------------------------------ writing
+
+    async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
+        call = _Call()
+        return await self._trips.run(self._apply_sync, identity, step, call, on_cancel=call.cancel)
+
+    def _apply_sync(self, identity: Identity, step: StepFunction[T], call: _Call) -> T:
+        digest = identity_digest(identity)
+        for _ in range(_RETRIES):
+            with self._connection(call) as connection:
+                with call.lock:
+                    call.connection = connection
+                try:
+                    return self._attempt(connection, digest, step, call)
+                except _Lost:
+                    continue
+                finally:
+                    with call.lock:
+                        call.connection = None
+                    if call.cancelled:
+                        # A cancel request may still be on its way to this session: never
+                        # hand the connection to another call.
+                        connection.close()
+        raise StorageFailed(
+            f"the record of {list(identity)} in {self.location} kept changing under "
+            f"{_RETRIES} attempts; nothing was written"
+        )
+
+    def _attempt(
+        self,
+        connection: psycopg.Connection[Any],
+        digest: str,
+        step: StepFunction[T],
+        call: _Call,
+    ) -> T:
+        """One transaction: lock the row, decide, write, commit. ``_Lost``: try again."""
+        try:
+            row = connection.execute(
+                sql.SQL("SELECT status, document FROM {} WHERE digest = %s FOR UPDATE").format(
+                    self._records
+                ),
+                (digest,),
+            ).fetchone()
+        except psycopg.Error as error:
+            self._roll_back(connection)
+            if connection.broken:  # an idle connection the server ended: nothing was sent
+                raise _Lost from error
+            raise _failure(
+                f"cannot read the record {digest} in {self.location}, so nothing was written",
+                error,
+            ) from error
+        before = None if row is None else _bytes(row[1])
+        try:
+            current = self._row_record(digest, row)
+            session = self._session
+            self._local.connection = connection
+            try:
+                decision: Step[T] = step(current)
+            finally:
+                self._local.connection = None
+            data = None if decision.write is None else encode_record(decision.write)
+        except BaseException:
+            self._roll_back(connection)
+            raise
+        if decision.write is None and not decision.delete:
+            self._roll_back(connection)
+            return decision.answer
+        try:
+            if data is not None and decision.write is not None and session is not None:
+                owner = decision.write.owner
+                if (
+                    decision.write.status == "started"
+                    and owner is not None
+                    and owner.session == session.name
+                    and not self._held(connection, session.token, session.pid)
+                ):
+                    self._roll_back(connection)
+                    self._renew_session(session)
+                    raise _Lost
+            self._write(connection, digest, row is not None, decision, data)
+        except _Lost:
+            raise
+        except psycopg.Error as error:
+            self._roll_back(connection)
+            raise _failure(
+                f"cannot write the record {digest} in {self.location}, so nothing was written",
+                error,
+            ) from error
+        except BaseException:
+            self._roll_back(connection)
+            raise
+        if not call.may_commit():
+            self._roll_back(connection)
+            raise StorageFailed("the call was cancelled before its commit, so nothing was written")
+        self._commit(connection, digest, before, data)
+        return decision.answer
+
+    def _write(
+        self,
+        connection: psycopg.Connection[Any],
+        digest: str,
+        exists: bool,
+        decision: Step[Any],
+        data: bytes | None,
+    ) -> None:
+        if decision.delete:
+            if exists:
+                connection.execute(
+                    sql.SQL("DELETE FROM {} WHERE digest = %s").format(self._records), (digest,)
+                )
+            return
+        assert decision.write is not None
+        assert data is not None
+        values = (decision.write.status, decision.write.claim_id, data, digest)
+        if exists:
+            connection.execute(
+                sql.SQL(
+                    "UPDATE {} SET status = %s, claim_id = %s, document = %s WHERE digest = %s"
+                ).format(self._records),
+                values,
+            )
+            return
+        cursor = connection.execute(
+            sql.SQL(
+                "INSERT INTO {} (status, claim_id, document, digest) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (digest) DO NOTHING"
+            ).format(self._records),
+            values,
+        )
+        if cursor.rowcount != 1:  # another session created it first: decide again on its row
+            self._roll_back(connection)
+            raise _Lost
+
+    def _commit(
+        self,
+        connection: psycopg.Connection[Any],
+        digest: str,
+        before: object,
+        data: bytes | None,
+    ) -> None:
+        pid = connection.info.backend_pid
+        started = self._backend_start.get(connection)
+        try:
+            connection.commit()
+        except psycopg.Error as error:
+            if not connection.broken and not isinstance(error, psycopg.OperationalError):
+                # The server answered: the transaction was rolled back.
+                self._roll_back(connection)
+                raise _failure(
+                    f"the commit of the record {digest} in {self.location} was refused, so "
+                    f"nothing was written",
+                    error,
+                ) from error
+            outcome = self._settle(pid, started, digest, before, data)
+            if outcome is True:
+                self.commits += 1
+                self.unknown_settled += 1
+                return
+            if outcome is False:
+                self.unknown_settled += 1
+                raise _failure(
+                    f"the connection to {self.location} was lost during the commit of the "
+                    f"record {digest}; a fresh read shows it was not saved, so nothing was "
+                    f"written",
+                    error,
+                ) from error
+            raise _failure(
+                f"the connection to {self.location} was lost during the commit of the "
+                f"record {digest}, and whether it was saved is unknown ({outcome})",
+                error,
+            ) from error
+        self.commits += 1
+
+    def _settle(
+        self, pid: int, started: object, digest: str, before: object, data: bytes | None
+    ) -> bool | str:
+        """After a lost commit: end the session that ran it (if it still runs), then read
+        the row afresh. True: our write is there; False: the row is as it was before;
+        otherwise why it cannot be told."""
+        try:
+            with contextlib.closing(
+                psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=max(1, round(self.lock_timeout)),
+                )
+            ) as fresh:
+                deadline = time.monotonic() + _FENCE_WAIT_MS / 1000
+                while True:
+                    # backend_start tells that session from a later one given the same pid
+                    row = fresh.execute(
+                        "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
+                        "WHERE pid = %s AND backend_start IS NOT DISTINCT FROM %s",
+                        (_FENCE_WAIT_MS, pid, started),
+                    ).fetchone()
+                    if row is None:
+                        break  # that session is over: its transaction committed or never will
+                    if time.monotonic() > deadline:
+                        return "the session that ran it could not be ended"
+                    time.sleep(0.05)
+                found = fresh.execute(
+                    sql.SQL("SELECT document FROM {} WHERE digest = %s").format(self._records),
+                    (digest,),
+                ).fetchone()
+        except psycopg.Error as error:
+            return f"cannot read it again: {_describe(error)}"
+        now = None if found is None else _bytes(found[0])
+        if now == data:
+            return True
+        if now == before:
+            return False
+        return "the record has changed since"
+
+
+def _bytes(value: object) -> object:
+    """A ``bytea`` column's value as bytes (psycopg may hand out a memoryview)."""
+    return value.tobytes() if isinstance(value, memoryview) else value
