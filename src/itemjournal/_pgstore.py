@@ -220,6 +220,8 @@ class PostgresStore:
         self.unknown_settled = 0  # commits whose lost outcome a re-read settled
         self._records = sql.Identifier(schema, "records")
         self._meta = sql.Identifier(schema, "meta")
+        self._doc_status = sql.Identifier(schema, "doc_status")
+        self._suspect = sql.SQL("{}(document) IS DISTINCT FROM status").format(self._doc_status)
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
@@ -322,12 +324,25 @@ class PostgresStore:
         for statement in (
             sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema),
             sql.SQL(
-                'CREATE TABLE {} (digest text COLLATE "C" PRIMARY KEY, '
+                'CREATE TABLE {} (digest text COLLATE "C" PRIMARY KEY '
+                "CHECK (digest ~ '^[0-9a-f]{{64}}$'), "
                 "status text NOT NULL CHECK (status IN ({})), "
                 "claim_id text NOT NULL, document bytea NOT NULL)"
             ).format(self._records, statuses),
             sql.SQL("CREATE INDEX {} ON {} (status, digest) WHERE status IN ({})").format(
                 sql.Identifier("records_open"), self._records, open_statuses
+            ),
+            # The status a document names, or NULL when it is not JSON naming one: rows
+            # whose document disagrees with their status column are suspects, found by
+            # every status scan through an index that is empty while all is well.
+            sql.SQL(
+                "CREATE FUNCTION {}(document bytea) RETURNS text LANGUAGE plpgsql "
+                "IMMUTABLE PARALLEL SAFE AS $$ BEGIN "
+                "RETURN convert_from(document, 'UTF8')::jsonb ->> 'status'; "
+                "EXCEPTION WHEN others THEN RETURN NULL; END $$"
+            ).format(self._doc_status),
+            sql.SQL("CREATE INDEX {} ON {} (digest) WHERE {}").format(
+                sql.Identifier("records_suspect"), self._records, self._suspect
             ),
             sql.SQL("CREATE TABLE {} (key text PRIMARY KEY, value text NOT NULL)").format(
                 self._meta
@@ -570,11 +585,12 @@ class PostgresStore:
     ) -> tuple[list[Record | RecordInvalid | StorageFailed], str | None]:
         condition: sql.Composable = sql.SQL("")
         if status is not None:
-            condition = sql.SQL(" AND status = {}").format(sql.Literal(status))
+            wanted: sql.Composable = sql.SQL("status = {}").format(sql.Literal(status))
             if status in _OPEN_STATUSES:  # lets the planner see that the partial index holds
-                condition += sql.SQL(" AND status IN ({})").format(
+                wanted += sql.SQL(" AND status IN ({})").format(
                     sql.SQL(", ").join(sql.Literal(s) for s in _OPEN_STATUSES)
                 )
+            condition = sql.SQL(" AND (({}) OR {})").format(wanted, self._suspect)
         query = sql.SQL(
             "SELECT digest, status, document FROM {} WHERE digest > %s{} ORDER BY digest LIMIT %s"
         ).format(self._records, condition)
@@ -587,9 +603,12 @@ class PostgresStore:
         page: list[Record | RecordInvalid | StorageFailed] = []
         for digest, column, document in rows:
             try:
-                page.append(self._decode(digest, column, _bytes(document)))
+                record = self._decode(digest, column, _bytes(document))
             except RecordInvalid as error:
                 page.append(error)
+                continue
+            if status is None or record.status == status:
+                page.append(record)
         return page, (rows[-1][0] if len(rows) == size else None)
 
     # ------------------------------------------------------------------ settings
