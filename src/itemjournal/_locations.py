@@ -68,6 +68,8 @@ def redact(location: str) -> str:
     except ValueError:
         return location
     netloc = parts.netloc
+    if ":" not in netloc.rpartition("@")[0] and "password=" not in parts.query:
+        return location  # nothing to hide: given back exactly as it came
     if "@" in netloc:
         user, _, host = netloc.rpartition("@")
         if ":" in user:
