@@ -701,7 +701,10 @@ def _require_journal(location: str) -> None:
     """Refuse a location that holds no journal: the viewer reads, it never creates one.
 
     A relative or otherwise malformed location is left for ``Journal.open`` to refuse
-    with its own code."""
+    with its own code. A PostgreSQL location is not looked at here: the database is the
+    server's to keep, and opening makes the journal's tables there if they are missing."""
+    if location.startswith(("postgresql://", "postgres://")):
+        return
     if location.startswith("sqlite://"):
         path = location[len("sqlite://") :]
         kind = "SQLite journal"
