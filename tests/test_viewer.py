@@ -1009,3 +1009,33 @@ def test_templates_and_stylesheet_are_package_data() -> None:
         "error.html",
         "viewer.css",
     } <= names
+
+
+@pytest.mark.anyio
+async def test_a_postgresql_location_is_served_and_its_password_never_shown() -> None:
+    from conftest import postgres_schema
+
+    with postgres_schema() as url:
+        journal = await Journal.open(url)
+        try:
+            await fill(journal, 4)
+        finally:
+            await journal.aclose()
+        # The server trusts every local connection, so any password opens it: the point
+        # is that the one given never reaches a page.
+        scheme, rest = url.split("://", 1)
+        user, host = rest.split("@", 1)
+        with_password = f"{scheme}://{user}:hunter2-secret@{host}"
+        app = create_app(with_password)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client,
+            app.router.lifespan_context(app),
+        ):
+            counts = (await client.get("/api/counts")).json()
+            assert counts["total"] == 4
+            pages = [await client.get("/"), await client.get("/api/records")]
+            for page in pages:
+                assert page.status_code == 200
+                assert "hunter2-secret" not in page.text
+            assert ":***@" in pages[0].text  # the location is shown, its password hidden

@@ -60,6 +60,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ._errors import InvalidArgument, JournalError, RecordInvalid, StorageFailed
 from ._identity import Identity, check_label, coerce_identity, identity_digest
 from ._journal import Journal
+from ._locations import redact
 from ._records import STATUSES, Event
 from ._view import RecordView
 
@@ -656,7 +657,7 @@ def create_app(
         location: str | None = None
     else:
         location = os.fspath(journal_or_location)
-        viewer = _Viewer(None, location)
+        viewer = _Viewer(None, redact(location))  # shown on every page: never a password
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
