@@ -354,13 +354,17 @@ class PostgresStore:
             connection.execute(statement)
 
     def _check_meta(self, connection: psycopg.Connection[Any]) -> None:
-        rows = dict(
-            connection.execute(
-                sql.SQL("SELECT key, value FROM {} WHERE key IN ('kind', 'schema_version')").format(
-                    self._meta
-                )
-            ).fetchall()
-        )
+        try:
+            rows = dict(
+                connection.execute(
+                    sql.SQL(
+                        "SELECT key::text, value::text FROM {} "
+                        "WHERE key::text IN ('kind', 'schema_version')"
+                    ).format(self._meta)
+                ).fetchall()
+            )
+        except psycopg.errors.UndefinedColumn:
+            rows = {}  # a meta table without our columns: someone else's
         if rows.get("kind") != _KIND:
             raise StorageFailed(
                 f"{self.location} (schema {self.schema}) was not made by itemjournal"
@@ -724,6 +728,10 @@ class PostgresStore:
                 f"cannot write the record {digest} in {self.location}, so nothing was written",
                 error,
             ) from error
+        except StorageFailed as error:  # the owner lock could not be checked or taken again
+            self._roll_back(connection)
+            failure = StorageFailed(f"{error.message}, so nothing was written", errno=error.errno)
+            raise failure from error.__cause__
         except BaseException:
             self._roll_back(connection)
             raise
