@@ -113,7 +113,7 @@ class SlowSync(FileSystem):
 
 async def churn(root: str, seed: int, log_fd: int) -> None:
     rng = random.Random(seed)
-    if root.startswith("sqlite:"):
+    if root.startswith(("sqlite:", "postgresql:")):
         journal = await Journal.open(root)
     else:
         store = FileStore(root, fs=SlowSync(rng))

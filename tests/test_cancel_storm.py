@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -29,18 +30,23 @@ ROUNDS = 500
 CANCEL_BUDGET = 0.1
 
 # A second process that takes and gives back, on request, the lock a begin needs: the
-# record's byte of its fan-out's lock file, or SQLite's write lock.
+# record's byte of its fan-out's lock file, SQLite's write lock, or the record's row.
 _HOLDER = textwrap.dedent(
     """
     import os, sqlite3, sys
     from itemjournal._filestore import try_lock_record
 
     location = sys.argv[1]
+    sys.path.insert(0, sys.argv[2])
     held = None
     for line in sys.stdin:
         command, _, digest = line.strip().partition(" ")
         if command == "lock":
-            if location.startswith("sqlite://"):
+            if location.startswith("postgresql://"):
+                from _pg import hold_row
+
+                held = hold_row(location, digest)
+            elif location.startswith("sqlite://"):
                 held = sqlite3.connect(location[len("sqlite://"):], isolation_level=None)
                 held.execute("BEGIN IMMEDIATE")
             else:
@@ -51,6 +57,8 @@ _HOLDER = textwrap.dedent(
         elif command == "unlock":
             if isinstance(held, int):
                 os.close(held)
+            elif location.startswith("postgresql://"):
+                held.close()
             else:
                 held.execute("ROLLBACK")
                 held.close()
@@ -63,7 +71,7 @@ _HOLDER = textwrap.dedent(
 class Holder:
     def __init__(self, location: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, location],
+            [sys.executable, "-c", _HOLDER, location, str(Path(__file__).parent)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -137,33 +137,47 @@ class _Call:
     waits (for a row lock, a connection, the server), a cancel interrupts the statement
     under way; once the commit has begun, nothing interrupts it."""
 
-    __slots__ = ("cancelled", "committing", "connection", "lock")
+    __slots__ = ("cancelled", "committing", "connection", "done", "lock")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.connection: psycopg.Connection[Any] | None = None
         self.cancelled = False
         self.committing = False
+        self.done = threading.Event()
 
     def cancel(self) -> None:
-        """On the event loop: the caller is gone. Interrupt what runs, in a thread of its own
-        (asking the server to cancel means connecting to it)."""
+        """On the event loop: the caller is gone. Interrupt what runs, from a thread of its
+        own (asking the server to cancel means connecting to it)."""
         with self.lock:
+            if self.cancelled:
+                return
             self.cancelled = True
-            connection = None if self.committing else self.connection
-        if connection is not None:
-            threading.Thread(target=_interrupt, args=(connection,), daemon=True).start()
+        threading.Thread(target=self._interrupt, daemon=True).start()
+
+    def _interrupt(self) -> None:
+        # A cancel request that reaches the server between two statements is lost, so it
+        # is repeated until the trip ends or its commit begins.
+        while not self.done.is_set():
+            with self.lock:
+                connection = None if self.committing else self.connection
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.cancel_safe(timeout=5.0)
+            self.done.wait(0.02)
+
+    def use(self, connection: psycopg.Connection[Any] | None) -> None:
+        """The trip holds ``connection`` now (None: none); raises if the caller is gone."""
+        with self.lock:
+            self.connection = connection
+            if connection is not None and self.cancelled:
+                raise StorageFailed("the call was cancelled before it began; nothing was written")
 
     def may_commit(self) -> bool:
         """Called just before ``COMMIT``: False when the caller is gone (then roll back)."""
         with self.lock:
             self.committing = not self.cancelled
             return self.committing
-
-
-def _interrupt(connection: psycopg.Connection[Any]) -> None:
-    with contextlib.suppress(Exception):
-        connection.cancel_safe(timeout=5.0)
 
 
 class _Lost(Exception):
@@ -648,21 +662,22 @@ class PostgresStore:
 
     def _apply_sync(self, identity: Identity, step: StepFunction[T], call: _Call) -> T:
         digest = identity_digest(identity)
-        for _ in range(_RETRIES):
-            with self._connection(call) as connection:
-                with call.lock:
-                    call.connection = connection
-                try:
-                    return self._attempt(connection, digest, step, call)
-                except _Lost:
-                    continue
-                finally:
-                    with call.lock:
-                        call.connection = None
-                    if call.cancelled:
-                        # A cancel request may still be on its way to this session: never
-                        # hand the connection to another call.
-                        connection.close()
+        try:
+            for _ in range(_RETRIES):
+                with self._connection(call) as connection:
+                    try:
+                        call.use(connection)
+                        return self._attempt(connection, digest, step, call)
+                    except _Lost:
+                        continue
+                    finally:
+                        call.use(None)
+                        if call.cancelled:
+                            # A cancel request may still be on its way to this session:
+                            # never hand the connection to another call.
+                            connection.close()
+        finally:
+            call.done.set()
         raise StorageFailed(
             f"the record of {list(identity)} in {self.location} kept changing under "
             f"{_RETRIES} attempts; nothing was written"
