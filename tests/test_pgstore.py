@@ -525,10 +525,11 @@ async def test_cancellation_at_random_points(location: str, anyio_backend: str) 
         before = await record_of(reader, identity)
         holder = await anyio.to_thread.run_sync(_pg.hold_row, location, claim.key)
         try:
+            delay = rng.uniform(0.01, 0.05)
             started = time.monotonic()
-            with anyio.move_on_after(rng.uniform(0.01, 0.05)) as scope:
+            with anyio.move_on_after(delay) as scope:
                 await journal.complete(claim, "never")
-            slowest = max(slowest, time.monotonic() - started)
+            slowest = max(slowest, time.monotonic() - started - delay)
             assert scope.cancelled_caught
         finally:
             holder.close()
@@ -537,14 +538,17 @@ async def test_cancellation_at_random_points(location: str, anyio_backend: str) 
         fresh = ident("cancel", "insert", f"i{n}")
         holder = await anyio.to_thread.run_sync(_pg.hold_row, location, identity_digest(fresh))
         try:
-            with anyio.move_on_after(rng.uniform(0.01, 0.05)) as scope:
+            delay = rng.uniform(0.01, 0.05)
+            started = time.monotonic()
+            with anyio.move_on_after(delay) as scope:
                 await journal.begin(fresh, INPUTS, DEFINITION)
+            slowest = max(slowest, time.monotonic() - started - delay)
             assert scope.cancelled_caught
         finally:
             holder.close()
         assert await record_of(reader, fresh) is None
         counts["waits cancelled"] += 2
-    assert slowest < 1.0, slowest
+    assert slowest < 0.5, slowest  # the statement is interrupted, not waited out (30 s)
 
     # No cancelled call left a transaction holding a row, and the pool still serves.
     connection, schema = _pg.connect(location, autocommit=False)
@@ -557,7 +561,10 @@ async def test_cancellation_at_random_points(location: str, anyio_backend: str) 
     await journal.aclose()
     await reader.aclose()
     figures = ", ".join(f"{name} {count}" for name, count in sorted(counts.items()))
-    print(f"\n{anyio_backend}: {rounds} rounds: {figures}; slowest cancelled wait {slowest:.3f} s")
+    print(
+        f"\n{anyio_backend}: {rounds} rounds: {figures}; cancelled waits ended at most "
+        f"{slowest * 1000:.0f} ms after their deadline"
+    )
 
 
 # ---------------------------------------------------------------------- owners
