@@ -269,6 +269,16 @@ class PostgresStore:
     def _open_sync(self) -> None:
         if self._pool is not None:
             return
+        # The owner lock's own connection first: a server that cannot be reached is
+        # reported at once, with libpq's reason, rather than after the pool's retries.
+        self._renew_session(None)
+        try:
+            self._open_pool()
+        except BaseException:
+            self._close_sync()
+            raise
+
+    def _open_pool(self) -> None:
         pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             self._conninfo,
             min_size=1,
@@ -285,13 +295,8 @@ class PostgresStore:
             pool.close(timeout=0)
             raise _failure(f"cannot connect to {self.location}", error) from error
         self._pool = pool
-        try:
-            with self._connection() as connection:
-                self._prepare(connection)
-            self._renew_session(None)
-        except BaseException:
-            self._close_sync()
-            raise
+        with self._connection() as connection:
+            self._prepare(connection)
 
     def _configure(self, connection: psycopg.Connection[Any]) -> None:
         # Rows another session holds are waited for at most lock_timeout.
