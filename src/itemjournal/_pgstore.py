@@ -566,22 +566,34 @@ class PostgresStore:
 
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         digest = identity_digest(identity)
-        with self._connection() as connection:
-            try:
-                row = connection.execute(
-                    sql.SQL("SELECT status, document FROM {} WHERE digest = %s").format(
-                        self._records
-                    ),
-                    (digest,),
-                ).fetchone()
-            except psycopg.Error as error:
-                raise _failure(f"cannot read {self.location}", error) from error
+        query = sql.SQL("SELECT status, document FROM {} WHERE digest = %s").format(self._records)
+
+        def read(connection: psycopg.Connection[Any]) -> T:
+            row = connection.execute(query, (digest,)).fetchone()
             record = self._row_record(digest, row)
             self._local.connection = connection
             try:
                 return view(record)
             finally:
                 self._local.connection = None
+
+        try:
+            return self._idempotent(read)
+        except psycopg.Error as error:
+            raise _failure(f"cannot read {self.location}", error) from error
+
+    def _idempotent(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``work`` (which reads, or writes only what may be written twice) on a pooled
+        connection. A connection the server dropped while it sat idle in the pool fails
+        at its first statement: then ``work`` runs once more, on another connection."""
+        for last in (False, True):
+            with self._connection() as connection:
+                try:
+                    return work(connection)
+                except psycopg.OperationalError:
+                    if last or not connection.broken:
+                        raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def scan(
         self, *, status: str | None = None, batch: int = 256
@@ -617,12 +629,16 @@ class PostgresStore:
         query = sql.SQL(
             "SELECT digest, status, document FROM {} WHERE digest > %s{} ORDER BY digest LIMIT %s"
         ).format(self._records, condition)
-        with self._connection() as connection:
-            try:
-                rows = connection.execute(query, (after, size)).fetchall()
-                connection.rollback()
-            except psycopg.Error as error:
-                raise _failure(f"cannot read {self.location}", error) from error
+
+        def read(connection: psycopg.Connection[Any]) -> list[Any]:
+            found = connection.execute(query, (after, size)).fetchall()
+            connection.rollback()
+            return found
+
+        try:
+            rows = self._idempotent(read)
+        except psycopg.Error as error:
+            raise _failure(f"cannot read {self.location}", error) from error
         page: list[Record | RecordInvalid | StorageFailed] = []
         for digest, column, document in rows:
             try:
@@ -640,24 +656,26 @@ class PostgresStore:
         return await self._trips.run(self._setting_sync, f"setting.{name}", value)
 
     def _setting_sync(self, key: str, value: str) -> str:
-        with self._connection() as connection:
-            try:
-                connection.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
-                    ).format(self._meta),
-                    (key, value),
-                )
-                row = connection.execute(
-                    sql.SQL("SELECT value FROM {} WHERE key = %s").format(self._meta), (key,)
-                ).fetchone()
-                connection.commit()
-            except psycopg.Error as error:
-                raise _failure(
-                    f"cannot record the setting {key!r} in {self.location}", error
-                ) from error
-        assert row is not None
-        return str(row[0])
+        def record(connection: psycopg.Connection[Any]) -> str:
+            connection.execute(
+                sql.SQL(
+                    "INSERT INTO {} (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
+                ).format(self._meta),
+                (key, value),
+            )
+            row = connection.execute(
+                sql.SQL("SELECT value FROM {} WHERE key = %s").format(self._meta), (key,)
+            ).fetchone()
+            connection.commit()
+            assert row is not None
+            return str(row[0])
+
+        try:
+            return self._idempotent(record)  # the first value stays: writing it twice is safe
+        except psycopg.Error as error:
+            raise _failure(
+                f"cannot record the setting {key!r} in {self.location}", error
+            ) from error
 
     # ------------------------------------------------------------------ writing
 
@@ -856,8 +874,8 @@ class PostgresStore:
                     # backend_start tells that session from a later one given the same pid
                     row = fresh.execute(
                         "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
-                        "WHERE pid = %s AND backend_start IS NOT DISTINCT FROM %s",
-                        (_FENCE_WAIT_MS, pid, started),
+                        "WHERE pid = %s AND (%s::timestamptz IS NULL OR backend_start = %s)",
+                        (_FENCE_WAIT_MS, pid, started, started),
                     ).fetchone()
                     if row is None:
                         break  # that session is over: its transaction committed or never will
