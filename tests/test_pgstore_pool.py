@@ -39,7 +39,9 @@ def end_idle_pool_connections(location: str, name: str, keep: int) -> int:
     return len(rows)
 
 
-@pytest.mark.parametrize("call", ["inspect", "records", "counts", "begin", "reopen"])
+@pytest.mark.parametrize(
+    "call", ["inspect", "records", "counts", "begin", "reopen", "verify", "liveness"]
+)
 async def test_a_dropped_idle_connection_is_replaced(
     named_location: tuple[str, str], call: str
 ) -> None:
@@ -62,5 +64,14 @@ async def test_a_dropped_idle_connection_is_replaced(
         elif call == "begin":
             second = await journal.begin(("pool", "idle", "dropped", "b"), INPUTS, DEFINITION)
             assert isinstance(second, Claim)
+        elif call == "verify":
+            assert await journal.verify() == ()
+        elif call == "liveness":  # asked outside any step: a connection of its own
+            claim = await journal.begin(("pool", "idle", "dropped", "c"), INPUTS, DEFINITION)
+            assert isinstance(claim, Claim)
+            await anyio.to_thread.run_sync(end_idle_pool_connections, location, name, session.pid)
+            assert (await journal.inspect(claim.identity)).owner_alive is True
+            views = [view async for view in journal.records("started")]
+            assert [view.owner_alive for view in views] == [True]
         else:  # the setting read when a journal opens goes through the same pool
             await journal.store.setting("input_kind", journal.input_kind)

@@ -399,10 +399,12 @@ class PostgresStore:
         return await self._trips.run(self._check_sync)
 
     def _check_sync(self) -> list[str]:
+        def check(connection: psycopg.Connection[Any]) -> None:
+            self._check_meta(connection)
+            connection.rollback()
+
         try:
-            with self._connection() as connection:
-                self._check_meta(connection)
-                connection.rollback()
+            self._idempotent(check)
         except StorageFailed as error:
             return [str(error)]
         except psycopg.Error as error:
@@ -443,23 +445,33 @@ class PostgresStore:
         connection = getattr(self._local, "connection", None)
         if connection is not None:
             return self._held(connection, token)
-        with self._connection() as borrowed:
-            try:
-                return self._held(borrowed, token)
-            finally:
-                self._roll_back(borrowed)
+
+        def ask(borrowed: psycopg.Connection[Any]) -> bool:
+            held = self._ask_held(borrowed, token)
+            borrowed.rollback()
+            return held
+
+        try:
+            return self._idempotent(ask)
+        except psycopg.Error as error:
+            raise _failure(f"cannot ask {self.location} which owners live", error) from error
 
     def _held(
         self, connection: psycopg.Connection[Any], token: int, pid: int | None = None
     ) -> bool:
+        try:
+            return self._ask_held(connection, token, pid)
+        except psycopg.Error as error:
+            raise _failure(f"cannot ask {self.location} which owners live", error) from error
+
+    @staticmethod
+    def _ask_held(connection: psycopg.Connection[Any], token: int, pid: int | None = None) -> bool:
+        """Whether the advisory lock on ``token`` is held (by backend ``pid``, if given)."""
         query = _HELD.format(pid="" if pid is None else " AND pid = %s")
         parameters: tuple[int, ...] = (
             _lock_keys(token) if pid is None else (*_lock_keys(token), pid)
         )
-        try:
-            row = connection.execute(query, parameters).fetchone()
-        except psycopg.Error as error:
-            raise _failure(f"cannot ask {self.location} which owners live", error) from error
+        row = connection.execute(query, parameters).fetchone()
         return bool(row and row[0])
 
     def _renew_session(self, lost: _Session | None) -> None:
@@ -585,13 +597,14 @@ class PostgresStore:
     def _idempotent(self, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``work`` (which reads, or writes only what may be written twice) on a pooled
         connection. A connection the server dropped while it sat idle in the pool fails
-        at its first statement: then ``work`` runs once more, on another connection."""
-        for last in (False, True):
+        at its first statement: then ``work`` runs again, on another connection (after a
+        server restart every idle connection is such a one, so up to the pool's size)."""
+        for attempt in range(self.pool_size + 1):
             with self._connection() as connection:
                 try:
                     return work(connection)
                 except psycopg.OperationalError:
-                    if last or not connection.broken:
+                    if attempt == self.pool_size or not connection.broken:
                         raise
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -686,7 +699,9 @@ class PostgresStore:
     def _apply_sync(self, identity: Identity, step: StepFunction[T], call: _Call) -> T:
         digest = identity_digest(identity)
         try:
-            for _ in range(_RETRIES):
+            # Lost insert races, a lost owner session, or pooled connections the server
+            # dropped (each is discarded): decide again, nothing having been written.
+            for _ in range(_RETRIES + self.pool_size):
                 with self._connection(call) as connection:
                     try:
                         call.use(connection)
