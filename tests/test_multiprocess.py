@@ -188,7 +188,7 @@ async def test_sigkill_at_random_moments(
             # A killed process's database session ends when the server reads the closed
             # socket: allow it a moment (the files and SQLite know at once).
             with anyio.fail_after(10 if store_kind == "postgres" else 0.5):
-                while (await journal.inspect(record.identity)).owner_alive is not False:
+                while (await journal.inspect(record.identity)).owner_alive is not False:  # noqa: ASYNC110
                     await anyio.sleep(0.05)
     report = await journal.sweep()
     assert report.problems == ()

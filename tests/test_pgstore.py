@@ -100,7 +100,7 @@ class Killer:
     operation, from a connection of its own. Points:
 
     ``read``       before the row is read (the pooled connection was ended while idle)
-    ``held``       while the store checks that its owner lock is still held (a begin)
+    ``held``       before a claim's write, which checks that the owner lock is still held
     ``write``      after the step decided, before the row is written
     ``commit``     just before ``COMMIT``
     ``in_commit``  from another thread, 0-2 ms after ``COMMIT`` is sent
@@ -138,10 +138,10 @@ class Killer:
                 self.kill(connection.info.backend_pid)
             return real_held(connection, token, pid)
 
-        def write(connection: psycopg.Connection[Any], *args: Any) -> Any:
-            if self._take("write"):
+        def write(connection: psycopg.Connection[Any], *args: Any, **options: Any) -> Any:
+            if self._take("write") or (options.get("vouch") is not None and self._take("held")):
                 self.kill(connection.info.backend_pid)
-            return real_write(connection, *args)
+            return real_write(connection, *args, **options)
 
         def commit(connection: psycopg.Connection[Any], *args: Any) -> Any:
             if self._take("commit"):

@@ -760,19 +760,24 @@ class PostgresStore:
         if decision.write is None and not decision.delete:
             self._roll_back(connection)
             return decision.answer
+        # A claim made in our session is written only while our session holds its owner
+        # lock: checked by the write statement itself, so it costs no round trip.
+        vouch = None
+        if decision.write is not None and session is not None:
+            owner = decision.write.owner
+            if (
+                decision.write.status == "started"
+                and owner is not None
+                and owner.session == session.name
+            ):
+                vouch = session
         try:
-            if data is not None and decision.write is not None and session is not None:
-                owner = decision.write.owner
-                if (
-                    decision.write.status == "started"
-                    and owner is not None
-                    and owner.session == session.name
-                    and not self._held(connection, session.token, session.pid)
-                ):
-                    self._roll_back(connection)
-                    self._renew_session(session)
-                    raise _Lost
-            self._write(connection, digest, row is not None, decision, data)
+            if not self._write(connection, digest, row is not None, decision, data, vouch=vouch):
+                held = vouch is None or self._held(connection, vouch.token, vouch.pid)
+                self._roll_back(connection)
+                if not held:
+                    self._renew_session(vouch)
+                raise _Lost  # another session created the row first, or ours lost its lock
         except _Lost:
             raise
         except psycopg.Error as error:
@@ -801,34 +806,41 @@ class PostgresStore:
         exists: bool,
         decision: Step[Any],
         data: bytes | None,
-    ) -> None:
+        *,
+        vouch: _Session | None,
+    ) -> bool:
+        """Write what the step decided; False when nothing was written because the row was
+        created by another session first, or (with ``vouch``) that session's owner lock is
+        no longer held."""
         if decision.delete:
             if exists:
                 connection.execute(
                     sql.SQL("DELETE FROM {} WHERE digest = %s").format(self._records), (digest,)
                 )
-            return
+            return True
         assert decision.write is not None
         assert data is not None
-        values = (decision.write.status, decision.write.claim_id, data, digest)
+        values: tuple[object, ...] = (decision.write.status, decision.write.claim_id, data, digest)
+        held: sql.Composable = sql.SQL("")
+        if vouch is not None:
+            held = sql.SQL(" AND ({})").format(sql.SQL(_HELD.format(pid=" AND pid = %s")))
+            values = (*values, *_lock_keys(vouch.token), vouch.pid)
         if exists:
-            connection.execute(
+            cursor = connection.execute(
                 sql.SQL(
-                    "UPDATE {} SET status = %s, claim_id = %s, document = %s WHERE digest = %s"
-                ).format(self._records),
+                    "UPDATE {} SET status = %s, claim_id = %s, document = %s WHERE digest = %s{}"
+                ).format(self._records, held),
                 values,
             )
-            return
-        cursor = connection.execute(
-            sql.SQL(
-                "INSERT INTO {} (status, claim_id, document, digest) VALUES (%s, %s, %s, %s) "
-                "ON CONFLICT (digest) DO NOTHING"
-            ).format(self._records),
-            values,
-        )
-        if cursor.rowcount != 1:  # another session created it first: decide again on its row
-            self._roll_back(connection)
-            raise _Lost
+        else:
+            cursor = connection.execute(
+                sql.SQL(
+                    "INSERT INTO {} (status, claim_id, document, digest) "
+                    "SELECT %s, %s, %s, %s WHERE TRUE{} ON CONFLICT (digest) DO NOTHING"
+                ).format(self._records, held),
+                values,
+            )
+        return cursor.rowcount == 1
 
     def _commit(
         self,
