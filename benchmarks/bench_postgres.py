@@ -129,11 +129,15 @@ def _admin(settings: Settings) -> psycopg.Connection[Any]:
 
 
 def _create_bare_table(settings: Settings) -> None:
+    """The bare loop's table: a copy of the store's own (its checks and its indexes), so
+    that both run the same statements against the same schema."""
+    store = PostgresStore(settings.location)
+    store._open_sync()  # makes the store's tables
+    store._close_sync()
     with _admin(settings) as connection:
-        connection.execute(f"CREATE SCHEMA IF NOT EXISTS {settings.schema}")
         connection.execute(
-            f'CREATE TABLE IF NOT EXISTS {settings.schema}.bare (digest text COLLATE "C" '
-            "PRIMARY KEY, status text NOT NULL, claim_id text NOT NULL, document bytea NOT NULL)"
+            f"CREATE TABLE IF NOT EXISTS {settings.schema}.bare "
+            f"(LIKE {settings.schema}.records INCLUDING ALL)"
         )
 
 

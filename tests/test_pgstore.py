@@ -133,10 +133,10 @@ class Killer:
                 self.threads.append(timer)
             return real_attempt(connection, *args)
 
-        def held(connection: psycopg.Connection[Any], token: int, pid: int | None = None) -> Any:
-            if pid is not None and self._take("held"):
+        def held(connection: psycopg.Connection[Any], token: int) -> Any:
+            if self._take("held"):
                 self.kill(connection.info.backend_pid)
-            return real_held(connection, token, pid)
+            return real_held(connection, token)
 
         def write(connection: psycopg.Connection[Any], *args: Any, **options: Any) -> Any:
             if self._take("write") or (options.get("vouch") is not None and self._take("held")):

@@ -22,9 +22,10 @@ saying the outcome is unknown. A write is never retried blindly.
 
 **Owners across hosts.** Each open store holds a session-level advisory lock, named by a
 random 63-bit token, on a connection of its own; the claims it writes name that token
-(``Owner.session``). A started record's owner is alive exactly while its lock is held
-(``pg_locks``), whichever host it runs on. When a host dies, PostgreSQL ends its session
-(the store sets the server's TCP keepalives on it) and the lock goes with it. A store
+(``Owner.session``). A started record's owner is alive exactly while its lock is held (a
+shared try-lock on the token fails), whichever host it runs on. When a host dies,
+PostgreSQL ends its session (the store sets the server's TCP keepalives on it) and the
+lock goes with it. A store
 whose lock connection was lost takes a new token before its next claim; its earlier claims
 are then taken as gone by the others (and marked for review, never run again).
 """
@@ -98,11 +99,6 @@ def _failure(what: str, error: BaseException) -> StorageFailed:
     return failure
 
 
-def _lock_keys(token: int) -> tuple[int, int]:
-    """``pg_locks``' ``classid`` and ``objid`` of the advisory lock on a bigint ``token``."""
-    return (token >> 32) & 0xFFFFFFFF, token & 0xFFFFFFFF
-
-
 def _token_of(session: str) -> int | None:
     if not session.startswith(_SESSION_PREFIX):
         return None
@@ -112,11 +108,12 @@ def _token_of(session: str) -> int | None:
         return None
 
 
-_HELD: Final = (
-    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid = %s::oid AND objid = %s::oid AND objsubid = 1{pid})"
-)
+# Whether some session holds the owner lock on a token: asking for a shared, transaction
+# level lock on it fails exactly while the owner's exclusive session lock stands. (When it
+# does not, the asker holds the shared lock until its transaction ends, which blocks
+# nobody: no session ever takes that token's exclusive lock again.) One lock-table probe,
+# where reading pg_locks would copy the whole lock table.
+_HELD: Final = "NOT pg_try_advisory_xact_lock_shared(%s)"
 
 
 @dataclasses.dataclass(slots=True)
@@ -456,22 +453,16 @@ class PostgresStore:
         except psycopg.Error as error:
             raise _failure(f"cannot ask {self.location} which owners live", error) from error
 
-    def _held(
-        self, connection: psycopg.Connection[Any], token: int, pid: int | None = None
-    ) -> bool:
+    def _held(self, connection: psycopg.Connection[Any], token: int) -> bool:
         try:
-            return self._ask_held(connection, token, pid)
+            return self._ask_held(connection, token)
         except psycopg.Error as error:
             raise _failure(f"cannot ask {self.location} which owners live", error) from error
 
     @staticmethod
-    def _ask_held(connection: psycopg.Connection[Any], token: int, pid: int | None = None) -> bool:
-        """Whether the advisory lock on ``token`` is held (by backend ``pid``, if given)."""
-        query = _HELD.format(pid="" if pid is None else " AND pid = %s")
-        parameters: tuple[int, ...] = (
-            _lock_keys(token) if pid is None else (*_lock_keys(token), pid)
-        )
-        row = connection.execute(query, parameters).fetchone()
+    def _ask_held(connection: psycopg.Connection[Any], token: int) -> bool:
+        """Whether the owner lock on ``token`` is held, by whichever session."""
+        row = connection.execute(f"SELECT {_HELD}", (token,)).fetchone()
         return bool(row and row[0])
 
     def _renew_session(self, lost: _Session | None) -> None:
@@ -773,7 +764,7 @@ class PostgresStore:
                 vouch = session
         try:
             if not self._write(connection, digest, row is not None, decision, data, vouch=vouch):
-                held = vouch is None or self._held(connection, vouch.token, vouch.pid)
+                held = vouch is None or self._held(connection, vouch.token)
                 self._roll_back(connection)
                 if not held:
                     self._renew_session(vouch)
@@ -823,8 +814,8 @@ class PostgresStore:
         values: tuple[object, ...] = (decision.write.status, decision.write.claim_id, data, digest)
         held: sql.Composable = sql.SQL("")
         if vouch is not None:
-            held = sql.SQL(" AND ({})").format(sql.SQL(_HELD.format(pid=" AND pid = %s")))
-            values = (*values, *_lock_keys(vouch.token), vouch.pid)
+            held = sql.SQL(" AND {}").format(sql.SQL(_HELD))
+            values = (*values, vouch.token)
         if exists:
             cursor = connection.execute(
                 sql.SQL(
