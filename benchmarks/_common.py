@@ -17,11 +17,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from itemjournal import Claim, Journal
@@ -210,3 +212,130 @@ def run_benchmark(
     all_pass = report(results)
     print(f"\ntotal {time.perf_counter() - started:.1f} s")
     return 1 if strict and not all_pass else 0
+
+
+# ---------------------------------------------------------------------- latency and lag
+
+TICK = 0.001
+"""The ticker's sleep: event-loop lag is how late each such wake-up comes."""
+
+
+def percentile(values: Iterable[float], fraction: float) -> float:
+    """Nearest-rank percentile; NaN for no values."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+async def ticker(lags: list[float]) -> None:
+    """Sleep ``TICK`` in a loop and record how much later than asked each wake-up came."""
+    clock = time.perf_counter
+    while True:
+        expected = clock() + TICK
+        await anyio.sleep(TICK)
+        lags.append(max(0.0, clock() - expected))
+
+
+async def timed_cycles(
+    cycle: CycleFunction, cycles: int, concurrency: int
+) -> tuple[float, list[float], list[float]]:
+    """``drive_cycles`` with each cycle timed, while ``ticker`` watches the event loop.
+
+    Returns the seconds taken, the latency of every cycle and the lag of every tick.
+    """
+    latencies: list[float] = []
+    lags: list[float] = []
+    clock = time.perf_counter
+
+    async def timed(index: int) -> None:
+        started = clock()
+        await cycle(index)
+        latencies.append(clock() - started)
+
+    async with anyio.create_task_group() as outer:
+        outer.start_soon(ticker, lags)
+        await anyio.lowlevel.checkpoint()  # let the ticker take its first step
+        seconds = await drive_cycles(timed, cycles, concurrency)
+        outer.cancel_scope.cancel()
+    return seconds, latencies, lags
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MB (``getrusage``)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / (1024 * 1024)
+
+
+def current_rss_mb() -> float:
+    """This process's resident set size now, in MB (``/proc/self/statm``; NaN elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except OSError:
+        return math.nan
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+# ---------------------------------------------------------------------- one measured run
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured run of one workload at one setting (event loop and concurrency)."""
+
+    cycles: int
+    seconds: float
+    latencies: tuple[float, ...] = ()  # seconds per cycle; empty when not timed per cycle
+    lags: tuple[float, ...] = ()  # seconds late per ticker wake-up; empty: no event loop
+    commits: int | None = None  # write transactions committed; None: not counted
+
+    @property
+    def rate(self) -> float:
+        return self.cycles / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def p50_ms(self) -> float:
+        return percentile(self.latencies, 0.50) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        return percentile(self.latencies, 0.99) * 1000
+
+    @property
+    def lag_p99_ms(self) -> float:
+        return percentile(self.lags, 0.99) * 1000
+
+    @property
+    def commits_per_cycle(self) -> float:
+        return math.nan if self.commits is None else self.commits / self.cycles
+
+
+async def measure(
+    cycle: CycleFunction, cycles: int, concurrency: int, *, commits: Callable[[], int] | None = None
+) -> Sample:
+    """Run and time the cycles (latency per cycle, loop lag); ``commits`` reads a counter."""
+    before = commits() if commits is not None else 0
+    seconds, latencies, lags = await timed_cycles(cycle, cycles, concurrency)
+    done = None if commits is None else commits() - before
+    return Sample(cycles, seconds, tuple(latencies), tuple(lags), done)
+
+
+@dataclass
+class Env:
+    """What every workload of one run gets: where to write, the server, what came before."""
+
+    base: str  # scratch directory on the repository's file system
+    backend: str  # "asyncio" or "trio"
+    postgres_url: str | None = None
+    notes: dict[str, object] = field(default_factory=dict)  # e.g. the store's batch sizes
+
+
+Runner = Callable[[Env, int, int], Awaitable[Sample]]
+"""A workload: ``run(env, cycles, concurrency)`` measures one run in a fresh location."""

@@ -1,0 +1,243 @@
+"""The limits each store is measured against: what its storage does with no journal logic.
+
+``file``
+    The file store's own durable-save system calls (``bench_filestore.BareSaves``), one
+    worker-thread trip per save, as the store makes them.
+``sqlite``
+    The SQLite store's own SQL (the row read and the upsert of each operation, inside
+    ``BEGIN IMMEDIATE`` … ``COMMIT``) in the same batch sizes as the store's commits in
+    the run just before, on raw ``sqlite3`` in one thread, in a database made with the
+    store's own schema (copied from a database the store created).
+``postgres``
+    The same SQL on a pool of the same size (``bench_postgres.Bare``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sqlite3
+import time
+from dataclasses import dataclass
+
+import anyio.to_thread
+from _common import Env, Sample, measure, run_directory
+from _stores import PG_POOL_SIZE
+from bench_filestore import BareSaves
+from bench_postgres import Bare, _create_bare_table, _drop
+from bench_postgres import Settings as PostgresSettings
+
+from itemjournal import Claim, Journal, definition_digest
+from itemjournal._identity import Identity, identity_digest
+from itemjournal._records import Record, encode_record
+
+PAYLOAD = 1024  # bytes per bare file save; a journal record is about 750-900 B
+
+# ---------------------------------------------------------------------- file
+
+
+async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    async with run_directory(env.base, "bare-") as root:
+        saves = BareSaves(root, PAYLOAD)
+
+        async def cycle(index: int) -> None:
+            await anyio.to_thread.run_sync(saves.begin, index)
+            await anyio.to_thread.run_sync(saves.complete, index)
+
+        return await measure(cycle, cycles, concurrency)
+
+
+# ---------------------------------------------------------------------- SQLite
+
+# The statements of one operation in the SQLite store's batch (``_sqlitestore._run_one``).
+SQLITE_READ = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
+SQLITE_WRITE = (
+    "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
+    "ON CONFLICT (digest) DO UPDATE SET "
+    "status = excluded.status, document = excluded.document"
+)
+_LITERAL = re.compile(r"[xX]'[0-9a-fA-F]*'|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
+
+
+def statement_shape(sql: str) -> str:
+    """A traced statement with its values taken out, to compare statements by shape."""
+    return " ".join(_LITERAL.sub("?", sql).split())
+
+
+@dataclass(frozen=True)
+class SqliteTemplate:
+    """What the SQLite limit copies from the store: schema, documents and statements."""
+
+    schema: tuple[str, ...]
+    started: bytes  # a started record's document, as the store encodes it
+    succeeded: bytes
+    store_shapes: frozenset[str]  # the store writer's statements in a traced batch
+
+
+def _schema_of(path: str) -> tuple[str, ...]:
+    connection = sqlite3.connect(path)
+    try:
+        rows = connection.execute(
+            "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name LIKE 'itemjournal%' "
+            "ORDER BY type = 'index', rowid"
+        ).fetchall()
+    finally:
+        connection.close()
+    return tuple(str(row[0]) for row in rows)
+
+
+async def sqlite_template(base: str) -> SqliteTemplate:
+    """Open a store, trace one begin + complete, keep its schema and documents."""
+    async with run_directory(base, "sqlite-template-") as root:
+        path = os.path.join(root, "t.db")
+        traced: list[str] = []
+        identity = Identity("bench", "sqlite", "cycle", "i0")
+        async with await Journal.open(f"sqlite://{path}") as journal:
+            writer = getattr(journal.store, "_writer", None)
+            if isinstance(writer, sqlite3.Connection):
+                writer.set_trace_callback(traced.append)
+            definition = definition_digest("bench-sqlite-v1")
+            claim = await journal.begin(identity, {"n": "0"}, definition)
+            assert isinstance(claim, Claim)
+            started = await journal.store.peek(identity, lambda record: record)
+            await journal.complete(claim, "receipt-0")
+            succeeded = await journal.store.peek(identity, lambda record: record)
+            if isinstance(writer, sqlite3.Connection):
+                writer.set_trace_callback(None)
+        assert isinstance(started, Record)
+        assert isinstance(succeeded, Record)
+        schema = await anyio.to_thread.run_sync(_schema_of, path)
+    shapes = frozenset(statement_shape(sql) for sql in traced if not sql.startswith("PRAGMA"))
+    return SqliteTemplate(
+        schema, encode_record(started), encode_record(succeeded), store_shapes=shapes
+    )
+
+
+class SqliteLimit:
+    """The store's statements in the store's batch sizes, raw ``sqlite3``, one thread."""
+
+    def __init__(self, path: str, template: SqliteTemplate) -> None:
+        self.template = template
+        self.connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.connection.execute("PRAGMA journal_mode = WAL")
+        self.connection.execute("PRAGMA synchronous = FULL")
+        for statement in template.schema:
+            self.connection.execute(statement)
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def shapes(self) -> frozenset[str]:
+        """The statements one traced batch of this limit runs, by shape."""
+        traced: list[str] = []
+        self.connection.set_trace_callback(traced.append)
+        try:
+            self._commit([("trace", True), ("trace", False)])
+        finally:
+            self.connection.set_trace_callback(None)
+        return frozenset(statement_shape(sql) for sql in traced)
+
+    def _commit(self, operations: list[tuple[str, bool]]) -> None:
+        execute = self.connection.execute
+        execute("BEGIN IMMEDIATE")
+        for key, begin in operations:
+            execute(SQLITE_READ, (key,)).fetchone()
+            if begin:
+                execute(SQLITE_WRITE, (key, "started", self.template.started))
+            else:
+                execute(SQLITE_WRITE, (key, "succeeded", self.template.succeeded))
+        execute("COMMIT")
+
+    def run(self, cycles: int, batch: float) -> float:
+        """``cycles`` begins and completes, ``batch`` operations a commit on average (a
+        complete in the commit after its begin); the seconds taken."""
+        keys = [
+            identity_digest(Identity("bench", "limit", "cycle", f"i{n}")) for n in range(cycles)
+        ]
+        pending: list[str] = []  # begun, to complete
+        next_key = 0
+        done_ops = 0
+        commits = 0
+        started = time.perf_counter()
+        while done_ops < 2 * cycles:
+            commits += 1
+            size = max(1, round(commits * batch) - round((commits - 1) * batch))
+            operations = [(key, False) for key in pending[:size]]
+            pending = pending[len(operations) :]
+            while len(operations) < size and next_key < cycles:
+                operations.append((keys[next_key], True))
+                next_key += 1
+            if not operations:  # only completes were left and the batch took none
+                operations = [(key, False) for key in pending[:1]]
+                pending = pending[1:]
+            self._commit(operations)
+            pending.extend(key for key, begin in operations if begin)
+            done_ops += len(operations)
+        return time.perf_counter() - started
+
+
+async def run_sqlite_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    batch = env.notes.get(f"sqlite-batch-{concurrency}")
+    if not isinstance(batch, float):
+        raise TypeError("the SQLite limit runs after the SQLite store at the same concurrency")
+    template = env.notes.get("sqlite-template")
+    if not isinstance(template, SqliteTemplate):
+        template = await sqlite_template(env.base)
+        env.notes["sqlite-template"] = template
+    async with run_directory(env.base, "sqlite-limit-") as root:
+        limit = await anyio.to_thread.run_sync(SqliteLimit, os.path.join(root, "l.db"), template)
+        try:
+            if "sqlite-limit-shapes" not in env.notes:
+                env.notes["sqlite-limit-shapes"] = await anyio.to_thread.run_sync(limit.shapes)
+            seconds = await anyio.to_thread.run_sync(limit.run, cycles, batch)
+        finally:
+            await anyio.to_thread.run_sync(limit.close)
+    commits = round(2 * cycles / batch)
+    return Sample(cycles, seconds, commits=commits)
+
+
+def same_statements(env: Env) -> bool | None:
+    """Whether the limit ran the statements the store's traced batch ran (None: unknown)."""
+    template = env.notes.get("sqlite-template")
+    shapes = env.notes.get("sqlite-limit-shapes")
+    if not isinstance(template, SqliteTemplate) or not isinstance(shapes, frozenset):
+        return None
+    return shapes == template.store_shapes
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+
+async def run_postgres_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    if env.postgres_url is None:
+        raise RuntimeError("no PostgreSQL server")
+    settings = PostgresSettings(
+        url=env.postgres_url,
+        schema=f"ijbench_{os.getpid()}_{secrets.token_hex(4)}",
+        pool_size=PG_POOL_SIZE,
+        cycles=cycles,
+        cycles_single=cycles,
+        rounds=1,
+        backend=env.backend,
+    )
+    await anyio.to_thread.run_sync(_create_bare_table, settings)
+    try:
+        bare = Bare(settings)
+        await anyio.to_thread.run_sync(bare.open)
+        try:
+            run = secrets.token_hex(4)
+
+            async def cycle(index: int) -> None:
+                identity = ("bench", f"bare-{run}", "cycle", f"i{index}")
+                digest, claim_id = await anyio.to_thread.run_sync(bare.begin, identity)
+                await anyio.to_thread.run_sync(
+                    bare.complete, identity, digest, claim_id, f"receipt-{index}"
+                )
+
+            sample = await measure(cycle, cycles, concurrency, commits=lambda: bare.commits)
+        finally:
+            await anyio.to_thread.run_sync(bare.close)
+    finally:
+        await anyio.to_thread.run_sync(_drop, settings)
+    return sample
