@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,11 @@ test: $(BIN)/.installed lint
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	$(BIN)/python benchmarks/bench_filestore.py
-	$(BIN)/python benchmarks/bench_sqlite.py
+	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+
+bench-quick: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/bench.py --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache

@@ -50,6 +50,7 @@ ALL_SETTINGS: tuple[Setting, ...] = (
 )
 PEER_SETTINGS: tuple[Setting, ...] = (("asyncio", 1), ("asyncio", 16), ("asyncio", 64))
 POSTGRES_VARIABLES = ("ITEMJOURNAL_BENCH_POSTGRES", "ITEMJOURNAL_TEST_POSTGRES")
+WARMUP_CYCLES = 16  # per workload, once per event loop, at concurrency 4: not recorded
 DEFAULT_JSON = Path(__file__).resolve().parent / "out" / "results.json"
 
 
@@ -90,11 +91,17 @@ class Plan:
     scale_cycles: int  # c1 cycles measured at each size
     memory: tuple[int, int]  # RSS read after this many cycles, then after this many
 
+    def runs(self, workload: Workload) -> tuple[Setting, ...]:
+        """The settings a workload runs at: a quick run measures the peers at c1 and c16."""
+        if self.quick and workload.group == "peer":
+            return tuple(s for s in workload.settings if s[1] != 64)
+        return workload.settings
+
 
 def make_plan(quick: bool, rounds: int | None) -> Plan:
     if quick:
         return Plan(
-            True, rounds or 1, {1: 50, 4: 120, 16: 240, 64: 320}, (0, 10_000), 50, (1_000, 5_000)
+            True, rounds or 1, {1: 30, 4: 80, 16: 160, 64: 192}, (0, 5_000), 40, (1_000, 3_000)
         )
     return Plan(
         False,
@@ -141,14 +148,15 @@ async def _run_backend(
     env: Env, plan: Plan, workloads: list[Workload], round_index: int, results: Results
 ) -> None:
     """Every workload at every concurrency of this event loop: warm-up, then measured."""
-    for setting in dict.fromkeys(s for w in workloads for s in w.settings):
+    for setting in dict.fromkeys(s for w in workloads for s in plan.runs(w)):
         if setting[0] != env.backend:
             continue
         concurrency = setting[1]
-        here = [w for w in _order(workloads, round_index) if setting in w.settings]
-        if round_index == 0:
-            for workload in here:  # warm-up: threads, caches, imports; not recorded
-                await workload.runner(env, max(8, 2 * concurrency), concurrency)
+        here = [w for w in _order(workloads, round_index) if setting in plan.runs(w)]
+        if round_index == 0 and setting == next(s for s in ALL_SETTINGS if s[0] == env.backend):
+            for workload in workloads:  # warm-up: threads, caches, imports; not recorded
+                if any(s[0] == env.backend for s in workload.settings):
+                    await workload.runner(env, WARMUP_CYCLES, 4)
         for workload in here:
             cycles = plan.cycles[concurrency]
             sample = await workload.runner(env, cycles, concurrency)
@@ -178,6 +186,7 @@ async def _run_scale(env: Env, plan: Plan, kinds: list[str], results: Results) -
 
 
 def run_all(base: str, plan: Plan, postgres_url: str | None) -> Results:
+    started = time.perf_counter()
     results = Results()
     workloads = [w for w in WORKLOADS if postgres_url is not None or not w.needs_postgres]
     notes: dict[str, object] = {}
@@ -187,6 +196,7 @@ def run_all(base: str, plan: Plan, postgres_url: str | None) -> Results:
             env = Env(base, backend, postgres_url, notes)
             anyio.run(_run_backend, env, plan, workloads, round_index, results, backend=backend)
     results.sqlite_statements_same = _limits.same_statements(Env(base, "asyncio", None, notes))
+    _log(f"  throughput runs done at {time.perf_counter() - started:.1f} s")
     kinds = ["file", "sqlite"] + (["postgres"] if postgres_url else [])
     env = Env(base, "asyncio", postgres_url, notes)
     anyio.run(_run_scale, env, plan, kinds, results, backend="asyncio")
