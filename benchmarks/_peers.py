@@ -34,6 +34,7 @@ import re
 import sqlite3
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,7 @@ class LeanPeer(AiosqlitePeer):
     """Autocommit ``INSERT`` to claim, compare-and-set ``UPDATE`` to complete."""
 
     async def begin(
-        self, identity: tuple[str, ...], inputs: dict[str, str], definition: str
+        self, identity: tuple[str, ...], inputs: Mapping[str, str], definition: str
     ) -> PeerClaim | PeerReuse:
         digest = _sha256_json(list(identity))
         input_hash = _sha256_json(dict(inputs))
@@ -299,7 +300,7 @@ class AiofilesJournal:
         if not await aiofiles.ospath.exists(path):
             return None
         async with aiofiles.open(path, encoding="utf-8") as stream:
-            return await stream.read()
+            return str(await stream.read())
 
     async def _save(self, path: str, text: str) -> None:
         temp = os.path.join(self.root, f"{uuid.uuid4().hex}.tmp")

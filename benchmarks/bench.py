@@ -106,7 +106,7 @@ def make_plan(quick: bool, rounds: int | None) -> Plan:
     return Plan(
         False,
         rounds or 3,
-        {1: 300, 4: 800, 16: 2000, 64: 2000},
+        {1: 200, 4: 500, 16: 1000, 64: 1500},
         (0, 10_000, 100_000),
         300,
         (10_000, 100_000),

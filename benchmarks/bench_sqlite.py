@@ -53,6 +53,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import sqlite3
@@ -129,13 +130,12 @@ def _count_sqlite_succeeded(path: str) -> int:
         connection.close()
 
 
+_RECORD_NAME = re.compile(r"[0-9a-f]{64}\.json")
+
+
 def _count_files(root: str) -> int:
-    return sum(
-        1
-        for _, _, names in os.walk(root)
-        for name in names
-        if name.endswith(".json") and not name.startswith(".")
-    )
+    """Record files only (``<sha256>.json``), not the store's settings document."""
+    return sum(1 for _, _, names in os.walk(root) for name in names if _RECORD_NAME.fullmatch(name))
 
 
 async def _journal_cycles(journal: Journal, kind: str, cycles: int, concurrency: int) -> float:
