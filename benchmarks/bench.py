@@ -552,6 +552,25 @@ def _num(value: float) -> float | None:
 # ---------------------------------------------------------------------- command line
 
 
+def _source() -> str:
+    """The commit measured, and whether ``src/`` had changes not committed yet."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=False
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "itemjournal (not a git checkout)"
+    changed = git("status", "--porcelain", "--", "src")
+    return f"itemjournal at {commit}" + (" + uncommitted changes in src/" if changed else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small runs: under a minute")
@@ -578,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         "idempotency": package_version("idempotency"),
         "psycopg": package_version("psycopg"),
     }
-    environment = f"{environment_line(base, versions)}; {platform.platform()}"
+    environment = f"{environment_line(base, versions)}; {platform.platform()}; {_source()}"
     skipped: list[str] = []
     if url is None:
         notice = (
