@@ -35,6 +35,7 @@ from itemjournal import (
 )
 from itemjournal._identity import identity_digest
 from itemjournal._records import Record
+from itemjournal._sqlitestore import _SUSPECT_CONDITION, SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -815,7 +816,7 @@ async def test_settings_never_overwrite_what_says_whose_database_it_is(db: Path)
     meta = dict(connection.execute("SELECT key, value FROM itemjournal_meta").fetchall())
     connection.close()
     assert meta["application"] == "itemjournal"
-    assert meta["schema_version"] == "1"
+    assert meta["schema_version"] == str(SCHEMA_VERSION)
     again, _ = await open_store(db)
     await again.aclose()
 
@@ -997,3 +998,63 @@ def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) ->
             if child.returncode != 0:
                 failures.append(err.strip().splitlines()[-1])
     assert failures == []
+
+
+async def test_a_document_that_names_its_column_status_only_elsewhere_is_in_doubt(
+    db: Path,
+) -> None:
+    """The suspect test is a byte search for the status as the journal writes it: a
+    status named in the history, or a document spaced or ordered another way, is no
+    proof; such rows come with every status scan."""
+    store, journal = await open_store(db)
+    claim = await journal.begin(item(0), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    await journal.complete(claim, "r0", result='{"status": "started", "updated_at": 1}')
+    review = await journal.begin(item(1), INPUTS, DEFINITION)
+    assert isinstance(review, Claim)
+    await journal.mark_review(item(1))
+    connection = sqlite3.connect(db)
+    [document] = connection.execute(
+        "SELECT document FROM itemjournal_records WHERE digest = ?",
+        (identity_digest(Identity(*item(1))),),
+    ).fetchone()
+    suspect = connection.execute(
+        "SELECT count(*) FROM itemjournal_records INDEXED BY itemjournal_records_suspect "
+        f"WHERE {_SUSPECT_CONDITION}"
+    ).fetchone()[0]
+    connection.close()
+    assert suspect == 0  # a healthy journal: the index is empty
+    assert b'"status": "needs_review", "updated_at": ' in document
+    history = document.replace(b'"status": "started"}', b'"status": "released"}')
+    assert history != document
+    compact = json.dumps(json.loads(document), separators=(",", ":")).encode()
+    planted = {
+        # a needs_review record whose history says released, under the column released
+        "history": ("released", history),
+        # the same record spaced another way, under another status
+        "spacing": ("succeeded", compact),
+        # and under its own status: sound, but SQL cannot tell
+        "spacing, agreeing": ("needs_review", compact),
+    }
+    keys = {name: f"{n:02d}" + "f" * 62 for n, name in enumerate(planted)}
+    execute(
+        db,
+        *[
+            (
+                "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?)",
+                (keys[name], column, body),
+            )
+            for name, (column, body) in planted.items()
+        ],
+    )
+    for batch in (1, 2, 256):
+        seen = [entry async for entry in store.scan(status="needs_review", batch=batch)]
+        bad = sorted(
+            str(e.location).rsplit("#", 1)[1] for e in seen if isinstance(e, RecordInvalid)
+        )
+        assert bad == sorted(keys.values()), batch  # stored under other digests: all invalid
+        good = [e.identity.item for e in seen if isinstance(e, Record)]
+        assert good == ["item-1"], batch
+        started = [entry async for entry in store.scan(status="started", batch=batch)]
+        assert len(started) == len(keys), batch  # every row in doubt, in every open scan
+    await store.aclose()

@@ -29,7 +29,7 @@ from itemjournal import (
 )
 from itemjournal._identity import identity_digest
 from itemjournal._records import Record
-from itemjournal._sqlitestore import _FIRST, _Operation, _page_queries
+from itemjournal._sqlitestore import _FIRST, SCHEMA_VERSION, _Operation, _page_queries
 
 pytestmark = pytest.mark.anyio
 
@@ -460,7 +460,7 @@ async def test_a_status_scan_uses_the_open_records_index(db: Path) -> None:
             assert "SEARCH" in plan and "itemjournal_records_suspect" in plan, plan
         [every] = _page_queries("released", _FIRST)  # no index: every row, checked in Python
         plan = str(connection.execute(f"EXPLAIN QUERY PLAN {every}", (b"", 10)).fetchall())
-        assert "PRIMARY KEY" in plan and "itemjournal_records_open" not in plan, plan
+        assert "itemjournal_records_digest" in plan and "itemjournal_records_open" not in plan, plan
 
 
 # ---------------------------------------------------------------------- lifecycle, locks
@@ -589,3 +589,136 @@ async def test_every_caller_of_a_failed_batch_gets_its_own_error(db: Path) -> No
             tg.start_soon(begin, n)
     assert len(errors) == 8
     assert len({id(error) for error in errors}) == 8
+
+
+# ---------------------------------------------------------------------- earlier schema versions
+
+# Schema version 1, as that version created it: the rows in a table keyed by their digest.
+_V1_SUSPECT = (
+    "typeof(digest) != 'text' OR length(CAST(digest AS BLOB)) != 64 "
+    "OR digest GLOB '*[^0-9a-f]*' "
+    "OR typeof(status) != 'text' "
+    "OR status NOT IN ('started', 'succeeded', 'needs_review', 'released') "
+    "OR typeof(document) != 'blob' "
+    "OR CASE WHEN json_valid(CAST(document AS TEXT)) "
+    "THEN json_extract(CAST(document AS TEXT), '$.status') IS NOT status ELSE 1 END"
+)
+_V1_SCHEMA = [
+    "CREATE TABLE itemjournal_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE itemjournal_records (digest TEXT PRIMARY KEY, status TEXT NOT NULL, "
+    "document BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX itemjournal_records_open ON itemjournal_records (status) "
+    "WHERE status IN ('started', 'needs_review')",
+    f"CREATE INDEX itemjournal_records_suspect ON itemjournal_records (digest) WHERE {_V1_SUSPECT}",
+]
+
+
+def make_version_1(db: Path, rows: list[tuple[object, object, object]]) -> None:
+    connection = sqlite3.connect(db, isolation_level=None)
+    connection.execute("PRAGMA journal_mode = WAL")
+    for statement in _V1_SCHEMA:
+        connection.execute(statement)
+    connection.executemany(
+        "INSERT INTO itemjournal_meta (key, value) VALUES (?, ?)",
+        [("application", "itemjournal"), ("schema_version", "1"), ("setting.kept", "yes")],
+    )
+    connection.executemany(
+        "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?)", rows
+    )
+    connection.close()
+    db.chmod(0o600)
+
+
+def all_rows(db: Path) -> list[tuple[object, object, object]]:
+    with sqlite3.connect(db) as connection:
+        return connection.execute(
+            "SELECT digest, status, document FROM itemjournal_records ORDER BY digest"
+        ).fetchall()
+
+
+async def test_a_version_1_database_is_migrated_with_every_row(db: Path, tmp_path: Path) -> None:
+    # Real records, made by this version elsewhere, then planted in a version 1 database.
+    source = tmp_path / "source.db"
+    _, maker = await open_journal(source)
+    claims: dict[int, Claim] = {}
+    for n in range(6):
+        claim = await maker.begin(item(n), INPUTS, DEFINITION)
+        assert isinstance(claim, Claim)
+        claims[n] = claim
+        if n % 3 == 1:
+            await maker.complete(claim, f"r{n}")
+        elif n % 3 == 2:
+            await maker.mark_review(item(n))
+    await maker.aclose()
+    bad = ("ab" * 32, "succeeded", b"{not json")  # unreadable, kept as it is
+    rows = sorted([*all_rows(source), bad], key=lambda row: str(row[0]))
+    await anyio.to_thread.run_sync(make_version_1, db, rows)
+
+    # Two openers at once: one migrates, the other finds the new schema.
+    journals: list[Journal] = []
+
+    async def opener() -> None:
+        journals.append((await open_journal(db))[1])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(opener)
+        tg.start_soon(opener)
+    store = journals[0].store
+    assert isinstance(store, SQLiteStore)
+
+    assert all_rows(db) == rows  # every row, byte for byte
+    with sqlite3.connect(db) as connection:
+        meta = dict(connection.execute("SELECT key, value FROM itemjournal_meta").fetchall())
+        names = {r[0] for r in connection.execute("SELECT name FROM sqlite_master")}
+        [table] = connection.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'itemjournal_records'"
+        ).fetchone()
+    assert meta["application"] == "itemjournal"
+    assert meta["schema_version"] == str(SCHEMA_VERSION)
+    assert meta["setting.kept"] == "yes"
+    assert "WITHOUT ROWID" not in table and "id INTEGER PRIMARY KEY" in table
+    assert {"itemjournal_records_digest", "itemjournal_records_open"} <= names
+    assert not any("upgrade" in name for name in names)
+    assert await store.setting("kept", "no") == "yes"
+    assert await store.check() == []
+
+    # Every record reads as before; the unreadable row is still RECORD_INVALID.
+    journal = journals[1]
+    for n in range(6):
+        view = await journal.inspect(item(n))
+        assert view is not None
+        assert view.status == ("started", "succeeded", "needs_review")[n % 3]
+    started = [r async for r in store.scan(status="started")]
+    assert sorted(r.identity.item for r in started if isinstance(r, Record)) == [
+        "item-0",
+        "item-3",
+    ]
+    invalid = [r for r in started if isinstance(r, RecordInvalid)]
+    assert [str(e.location).rsplit("#", 1)[1] for e in invalid] == ["ab" * 32]
+
+    # And it works: a migrated claim completes, a new claim is exclusive.
+    assert (await journal.complete(claims[0], "r0")).status == "succeeded"
+    fresh = await journal.begin(item(99), INPUTS, DEFINITION)
+    assert isinstance(fresh, Claim)
+    with pytest.raises(ConflictError):
+        await journals[0].begin(item(99), INPUTS, DEFINITION)
+    for each in journals:
+        await each.aclose()
+    _, again = await open_journal(db)  # reopening the migrated database changes nothing
+    assert (await again.inspect(item(0))) is not None
+    await again.aclose()
+
+
+async def test_a_version_1_database_without_its_records_table_is_completed(db: Path) -> None:
+    await anyio.to_thread.run_sync(make_version_1, db, [])
+    with sqlite3.connect(db, isolation_level=None) as connection:
+        connection.execute("DROP TABLE itemjournal_records")
+    _, journal = await open_journal(db)
+    claim = await journal.begin(item(1), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    await journal.aclose()
+    with sqlite3.connect(db) as connection:
+        version = connection.execute(
+            "SELECT value FROM itemjournal_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    assert version == (str(SCHEMA_VERSION),)

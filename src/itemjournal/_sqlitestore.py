@@ -55,47 +55,77 @@ __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 APPLICATION: Final = "itemjournal"
 _SETTING_PREFIX: Final = "setting."  # settings share the meta table with the keys above
 
 _OPEN: Final = ("started", "needs_review")  # the statuses in the partial index
 _OPEN_CONDITION: Final = "status IN ('started', 'needs_review')"
-_DOCUMENT_TEXT: Final = "CAST(document AS TEXT)"
 # A row whose status SQL cannot vouch for: its key is not a digest, its status column
-# is not a known status, or its document is not a blob, not JSON, or names another
-# status. Such a row belongs in every status scan (its true status is unknown); its own
+# is not a known status, or its document is not a blob or does not say, as the journal
+# writes it, that status: ``"status": "<column>", "updated_at": `` (the keys are
+# sorted). Such a row belongs in every status scan (its true status is unknown); its own
 # partial index, empty while the journal is healthy, finds it without reading every
+# document. The test is a byte search, not a JSON parse (which cost more than the rest
+# of a write): a document that the strict reader accepts and that holds that text has
+# that status, because a JSON string cannot hold the text (its quotes are escaped), no
+# object of a record but the top one has an ``updated_at`` key, and keys are unique.
+# A document written some other way (spacing, key order) is suspect, which costs its
+# scans nothing but a look at it. So a record whose status is open always has its own
+# status column or is suspect; the reader still checks every row's column against its
 # document.
+_STATUS_MARK: Final = 'CAST(\'"status": "\' || status || \'", "updated_at": \' AS BLOB)'
 _SUSPECT_CONDITION: Final = (
     "typeof(digest) != 'text' OR length(CAST(digest AS BLOB)) != 64 "
     "OR digest GLOB '*[^0-9a-f]*' "
     "OR typeof(status) != 'text' "
-    f"OR status NOT IN ({', '.join(repr(s) for s in _STATUSES)}) "
+    # a CASE, not ``NOT IN (...)``: SQLite builds a table for an IN list every time
+    f"OR CASE status {' '.join(f'WHEN {s!r} THEN 0' for s in _STATUSES)} ELSE 1 END "
     "OR typeof(document) != 'blob' "
-    f"OR CASE WHEN json_valid({_DOCUMENT_TEXT}) "
-    f"THEN json_extract({_DOCUMENT_TEXT}, '$.status') IS NOT status ELSE 1 END"
+    f"OR instr(document, {_STATUS_MARK}) = 0"
 )
+# Rows live in a rowid table in the order they were claimed: a new record is appended to
+# the table's last page and its transitions soon after land on the same few pages, so a
+# commit of many operations writes few pages (a digest-keyed table put every record on a
+# random page, one page written per operation, each page ~4 KiB in the write-ahead log).
+# The digest is found through its own unique index, whose entries are small.
+_RECORDS_DDL: Final = """
+CREATE TABLE IF NOT EXISTS itemjournal_records (
+    id INTEGER PRIMARY KEY,
+    digest TEXT NOT NULL,
+    status TEXT NOT NULL,
+    document BLOB NOT NULL
+);
+"""
 _SCHEMA: Final = (
     """
 CREATE TABLE IF NOT EXISTS itemjournal_meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS itemjournal_records (
-    digest TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    document BLOB NOT NULL
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS itemjournal_records_open ON itemjournal_records (status)
+"""
+    + _RECORDS_DDL
+    + """
+CREATE UNIQUE INDEX IF NOT EXISTS itemjournal_records_digest ON itemjournal_records (digest);
+CREATE INDEX IF NOT EXISTS itemjournal_records_open ON itemjournal_records (status, digest)
     WHERE status IN ('started', 'needs_review');
 """
     + "CREATE INDEX IF NOT EXISTS itemjournal_records_suspect ON itemjournal_records (digest)\n"
     + f"    WHERE {_SUSPECT_CONDITION};\n"
 )
 _TABLES: Final = frozenset({"itemjournal_meta", "itemjournal_records"})
-_INDEXES: Final = frozenset({"itemjournal_records_open", "itemjournal_records_suspect"})
+_INDEXES: Final = frozenset(
+    {"itemjournal_records_digest", "itemjournal_records_open", "itemjournal_records_suspect"}
+)
+# Versions this one migrates from (see ``_migrate``): 1 kept the rows in a table keyed
+# by their digest (WITHOUT ROWID).
+_MIGRATES_FROM: Final = frozenset({"1"})
 _ROW: Final = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
+
+# Each connection's page cache, in KiB (SQLite's default is 2,000 KiB): the pages every
+# write passes through (the digest index, the open index, the table's last pages) stay
+# cached as the journal grows, instead of being read back from the file and the log.
+_CACHE_SIZE: Final = -16384
 
 # Errors after which SQLite may have rolled the whole transaction back by itself, or
 # that say something about the database rather than one row.
@@ -410,6 +440,7 @@ class SQLiteStore(ProcessOwners):
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             connection.execute("PRAGMA synchronous = FULL")
+            connection.execute(f"PRAGMA cache_size = {_CACHE_SIZE}")
         except sqlite3.Error:
             connection.close()
             raise
@@ -509,9 +540,12 @@ class SQLiteStore(ProcessOwners):
             return False  # our tables, never filled in: finish creating them
         if meta.get("application") != APPLICATION:
             raise StorageFailed(f"{self.path} was not made by itemjournal")
-        if meta.get("schema_version") != str(SCHEMA_VERSION):
+        version = meta.get("schema_version")
+        if version in _MIGRATES_FROM:
+            return False  # an earlier version's journal: ``_migrate`` brings it up to date
+        if version != str(SCHEMA_VERSION):
             raise StorageFailed(
-                f"{self.path} has schema version {meta.get('schema_version')!r}; "
+                f"{self.path} has schema version {version!r}; "
                 f"this itemjournal reads version {SCHEMA_VERSION}"
             )
         return tables >= _TABLES and names >= _INDEXES
@@ -521,6 +555,15 @@ class SQLiteStore(ProcessOwners):
         connection.execute("BEGIN IMMEDIATE")
         try:
             self._check_schema(connection)  # again, now that no one else can write
+            version = None
+            if connection.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'itemjournal_meta'"
+            ).fetchone():
+                version = connection.execute(
+                    "SELECT value FROM itemjournal_meta WHERE key = 'schema_version'"
+                ).fetchone()
+            if version is not None and version[0] in _MIGRATES_FROM:
+                self._upgrade(connection)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     connection.execute(statement)
@@ -535,6 +578,34 @@ class SQLiteStore(ProcessOwners):
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
             raise
+
+    def _upgrade(self, connection: sqlite3.Connection) -> None:
+        """Rebuild an earlier version's records table as this version's, every row kept
+        as it was (digest, status column and document bytes, readable or not), inside
+        ``_migrate``'s transaction: another process sees the old schema or the new one."""
+        old = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'itemjournal_records'"
+        ).fetchone()
+        if old is None:  # made without its records table: ``_migrate`` creates it
+            connection.execute(
+                "UPDATE itemjournal_meta SET value = ? WHERE key = 'schema_version'",
+                (str(SCHEMA_VERSION),),
+            )
+            return
+        connection.execute("DROP TABLE IF EXISTS itemjournal_records_upgrade")
+        connection.execute(
+            _RECORDS_DDL.replace("IF NOT EXISTS itemjournal_records", "itemjournal_records_upgrade")
+        )
+        connection.execute(
+            "INSERT INTO itemjournal_records_upgrade (digest, status, document) "
+            "SELECT digest, status, document FROM itemjournal_records"
+        )
+        connection.execute("DROP TABLE itemjournal_records")  # and its indexes
+        connection.execute("ALTER TABLE itemjournal_records_upgrade RENAME TO itemjournal_records")
+        connection.execute(
+            "UPDATE itemjournal_meta SET value = ? WHERE key = 'schema_version'",
+            (str(SCHEMA_VERSION),),
+        )
 
     async def check(self) -> list[str]:
         """SQLite's own integrity check and this journal's metadata, one line per problem."""
