@@ -49,6 +49,7 @@ from itemjournal._records import Record, encode_record
 from itemjournal._store import Step, Store
 from itemjournal._viewer import create_app
 
+SCALE_WARMUP = 10  # cycles run before the timed ones at each size, not recorded
 REVIEW_EVERY = 100  # one seeded record in this many is needs_review
 SEED_CONCURRENCY = {"file": 32, "sqlite": 256}
 
@@ -181,6 +182,8 @@ async def _measure_point(
     open_s = time.perf_counter() - started
     async with journal:
         cycle = journal_cycle(journal, f"scale-{records}", definition_digest("bench-scale-v1"))
+        warm = journal_cycle(journal, f"warm-{records}", definition_digest("bench-scale-v1"))
+        await drive_cycles(warm, SCALE_WARMUP, 1)  # not recorded: the first trips of a new open
         sample = await measure(cycle, cycles, 1)
         started = time.perf_counter()
         report = await journal.sweep()
@@ -233,7 +236,7 @@ async def run_scale(
                 f"  seeded {kind} to {have:,} records in {time.perf_counter() - started:.1f} s"
             )
         point = await _measure_point(kind, location, have, seeded_review, cycles, viewer=True)
-        have += cycles
+        have += SCALE_WARMUP + cycles
         points.append(point)
         progress(
             f"  scale {kind:<8} {point.records:>7,} records: open {point.open_s * 1000:.1f} ms, "
