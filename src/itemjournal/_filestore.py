@@ -20,16 +20,20 @@ one worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
 import re
 import secrets
 import stat
 import struct
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -40,7 +44,13 @@ from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
-from ._owner import ProcessOwners, local_process_space, own_process, process_alive
+from ._owner import (
+    ProcessOwners,
+    current_pid,
+    local_process_space,
+    own_process,
+    process_alive,
+)
 from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
 from ._store import Step, StepFunction
 from ._threads import Trips, run_in_thread
@@ -106,6 +116,115 @@ def try_lock_record(fd: int, digest: str) -> bool:
     except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: someone holds it
         return False
     return True
+
+
+def unlock_record(fd: int, digest: str) -> None:
+    """Release the lock ``try_lock_record`` took on a descriptor that stays open (Linux)."""
+    assert _OFD_SETLK is not None
+    request = struct.pack(
+        _FLOCK_FORMAT, fcntl.F_UNLCK, os.SEEK_SET, record_lock_offset(digest), 1, 0
+    ).ljust(_FLOCK_SIZE, b"\0")
+    fcntl.fcntl(fd, _OFD_SETLK, request)
+
+
+class _Fanout:
+    """A fan-out directory's descriptor and its ``.lock`` file's, kept open from save to
+    save while saves overlap.
+
+    ``key`` is what the directory was checked as (device, inode, owner, mode): a save
+    uses the descriptors only while ``lstat`` of the fan-out's path still shows exactly
+    that, so a directory replaced, swapped for a symlink or made shared since is opened
+    and checked afresh. ``users`` counts the saves using it: a retired entry is closed
+    only once none does, as closing the lock file's descriptor drops every lock taken
+    through it.
+    """
+
+    __slots__ = ("dir_fd", "key", "lock_fd", "retired", "users")
+
+    def __init__(self, dir_fd: int, lock_fd: int, key: tuple[int, int, int, int]) -> None:
+        self.dir_fd = dir_fd
+        self.lock_fd = lock_fd
+        self.key = key
+        self.users = 0
+        self.retired = False
+
+
+def _close_fanout(entry: _Fanout) -> None:
+    for fd in (entry.lock_fd, entry.dir_fd):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _FanoutCache:
+    """The open fan-outs of one store, shared by its worker threads while saves are under
+    way: closed as soon as no ``apply`` is (so an idle store holds nothing open, and a
+    store dropped without ``aclose`` leaks nothing), and forgotten in a forked child (whose
+    inherited descriptors share the parent's open file descriptions, and so its record
+    locks)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[str, _Fanout] = {}
+        self.held: set[str] = set()  # digests locked by this store's saves under way
+
+    def retire(self, entry: _Fanout) -> None:
+        """Stop handing ``entry`` out; close it once unused. Call with ``lock`` held."""
+        if not entry.retired:
+            entry.retired = True
+            for prefix, current in list(self.entries.items()):
+                if current is entry:
+                    del self.entries[prefix]
+        if entry.users == 0:
+            _close_fanout(entry)
+
+    def close_idle(self) -> None:
+        """Close every entry (none is in use once no save is under way). Call with
+        ``lock`` held."""
+        for entry in list(self.entries.values()):
+            self.retire(entry)
+
+    def close_all(self, *, blocking: bool = True) -> None:
+        if not self.lock.acquire(blocking):
+            return
+        try:
+            self.close_idle()
+        finally:
+            self.lock.release()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: close the inherited descriptors (the parent keeps its own,
+        and with them its locks), start over with a new lock and nothing held."""
+        for entry in self.entries.values():
+            _close_fanout(entry)
+        self.lock = threading.Lock()
+        self.entries = {}
+        self.held = set()
+
+
+_CACHES: weakref.WeakSet[_FanoutCache] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    for cache in list(_CACHES):
+        cache.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+# Temp names: the writer's pid and token, then 16 random hex digits drawn once per process
+# and a 16-digit counter, so a save draws no randomness of its own.
+_temp_counter = itertools.count()
+_temp_nonce = secrets.token_hex(8)
+
+
+def _new_temp_nonce() -> None:
+    global _temp_counter, _temp_nonce
+    _temp_counter = itertools.count()
+    _temp_nonce = secrets.token_hex(8)
+
+
+os.register_at_fork(after_in_child=_new_temp_nonce)
 
 
 _BOOT_DIGITS: Final = 39  # 2**128-1, the largest boot id as a number, has 39 digits
@@ -174,6 +293,27 @@ def _not_a_fanout(path: str, error: OSError) -> StorageFailed:
     return _fail(f"cannot open {path}", error)
 
 
+_STATUS_FIELD = re.compile(rb'"status": "([a-z_]{1,32})", "updated_at": "')
+
+
+def _shows_other_status(data: bytes, status: str) -> bool:
+    """Whether ``data``, laid out exactly as ``encode_record`` lays a record out, names a
+    status other than ``status``; a status scan passes such a document over unparsed.
+
+    The encoder writes sorted keys with ``", "`` and ``": "`` between them, so the
+    top-level ``status`` is the only one followed by ``updated_at`` (an event's status is
+    its last key), and ``updated_at`` occurs once. Inside a JSON string every ``"`` is
+    escaped, so these bytes cannot come from a label or a receipt. Anything else (no
+    match, another layout) says False: the document is then read strictly.
+    """
+    if not data.startswith(b'{"attempt": ') or not data.endswith(b"}\n"):
+        return False
+    if data.count(b'"updated_at": ') != 1:
+        return False
+    match = _STATUS_FIELD.search(data)
+    return match is not None and match[1] != status.encode("ascii", "replace")
+
+
 def _settings_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     document: dict[str, Any] = {}
     for key, value in pairs:
@@ -216,6 +356,18 @@ def encode_settings(settings: dict[str, str]) -> bytes:
     return (json.dumps(document, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode()
 
 
+class _Named:
+    """What a store's ``repr`` says, standing in for the store in messages."""
+
+    __slots__ = ("_text",)
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def __repr__(self) -> str:
+        return self._text
+
+
 class FileStore(ProcessOwners):
     """Record documents in a directory the caller owns and trusts.
 
@@ -248,7 +400,17 @@ class FileStore(ProcessOwners):
         self.trust_shared_root = trust_shared_root
         self._known_dirs: set[str] = set()  # fan-outs whose entry in the root is synced
         self._temp_prefix: tuple[int, str] | None = None  # (pid, prefix with a known token)
-        self._trips = Trips(self)  # worker trips under way; closing waits for them
+        # Fan-out and lock descriptors kept open from save to save while saves overlap
+        # (Linux, plain file system only: a replaced ``fs`` sees every call of every
+        # save, as it always did).
+        self._keeps_descriptors = _OFD_SETLK is not None and type(self.fs) is FileSystem
+        self._fanouts = _FanoutCache()
+        self._applying = 0  # ``apply`` calls under way (on the event loop)
+        _CACHES.add(self._fanouts)
+        # Worker trips under way; closing waits for them. Trips names the store by a
+        # stand-in, not the store itself: without that cycle a store nobody holds is
+        # freed at once, and its kept descriptors closed with it (see ``_fanouts``).
+        self._trips = Trips(_Named(repr(self)))
 
     @classmethod
     def from_location(
@@ -308,10 +470,14 @@ class FileStore(ProcessOwners):
         """Refuse new calls, then wait for the calls under way (their worker trips) to end.
 
         The wait is shielded: a cancelled ``aclose`` still returns only after every trip
-        under way has ended, and then lets the cancellation go on. A file store holds
-        nothing open between calls, so there is nothing else to release.
+        under way has ended, and then lets the cancellation go on. The fan-out and
+        lock-file descriptors kept while saves overlap are closed when the last one ends;
+        closing closes them again, in case.
         """
-        await self._trips.close()
+        try:
+            await self._trips.close()
+        finally:
+            self._fanouts.close_all()
 
     def _check_open(self) -> None:
         self._trips.check_open()
@@ -472,9 +638,18 @@ class FileStore(ProcessOwners):
     # ------------------------------------------------------------------ the seam
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
-        return await self._locked(
-            f"the record lock of {list(identity)}", self._apply_sync, identity, step
-        )
+        self._applying += 1
+        try:
+            return await self._locked(
+                f"the record lock of {list(identity)}", self._apply_sync, identity, step
+            )
+        finally:
+            self._applying -= 1
+            if not self._applying and self._fanouts.entries:
+                # No save under way, none waiting for its lock: keep nothing open while
+                # idle. No worker thread uses an entry now; a non-blocking acquire
+                # cannot fail then, and if it ever did the next idle moment closes them.
+                self._fanouts.close_all(blocking=False)
 
     async def setting(self, name: str, value: str) -> str:
         """The location's recorded value of ``name``; records ``value`` first if none is.
@@ -523,13 +698,19 @@ class FileStore(ProcessOwners):
         A record that cannot be read comes as ``RecordInvalid``; a fan-out name that cannot
         be listed (not a directory, a symlink, shared with other users) as
         ``StorageFailed``. Only a root that cannot be listed at all ends the scan (raised).
+
+        With ``status``, a document whose bytes are laid out exactly as the store writes
+        them and name another status is passed over unread (``_shows_other_status``): the
+        strict reader runs on every record yielded and on every document whose status
+        cannot be seen so, but a document of another status that is damaged past its
+        status is reported only by a scan without ``status`` (``verify``, ``list``).
         """
         names, problems = await self._trip(self._list_sync)
         for problem in problems:
             yield problem
         for start in range(0, len(names), batch):
             chunk = names[start : start + batch]
-            for item in await self._trip(self._load_sync, chunk):
+            for item in await self._trip(self._load_sync, chunk, status):
                 if status is None or not isinstance(item, Record) or item.status == status:
                     yield item
 
@@ -578,16 +759,17 @@ class FileStore(ProcessOwners):
         return found, problems
 
     def _load_sync(
-        self, names: list[tuple[str, str]]
+        self, names: list[tuple[str, str]], status: str | None = None
     ) -> list[Record | RecordInvalid | StorageFailed]:
         loaded: list[Record | RecordInvalid | StorageFailed] = []
         fanout: str | None = None
         fd: int | None = None
         broken = False
         try:
+            directory = self.location
             for prefix, name in names:
-                directory = os.path.join(self.location, prefix)
                 if prefix != fanout:
+                    directory = os.path.join(self.location, prefix)
                     if fd is not None:
                         os.close(fd)
                     fanout, fd, broken = prefix, None, False
@@ -598,18 +780,22 @@ class FileStore(ProcessOwners):
                         broken = True
                 if broken or fd is None:
                     continue
-                loaded.extend(self._load_one(fd, directory, name))
+                loaded.extend(self._load_one(fd, directory, name, status))
         finally:
             if fd is not None:
                 os.close(fd)
         return loaded
 
-    def _load_one(self, fd: int, directory: str, name: str) -> list[Record | RecordInvalid]:
-        path = os.path.join(directory, name)
+    def _load_one(
+        self, fd: int, directory: str, name: str, status: str | None = None
+    ) -> list[Record | RecordInvalid]:
+        path = f"{directory}/{name}"  # both already normalised; cheaper than os.path.join
         digest = name[:-5]
         try:
             data = self._read(fd, name, path)
             if data is None:  # removed since the listing
+                return []
+            if status is not None and _shows_other_status(data, status):
                 return []
             if os.path.basename(directory) != digest[:2]:
                 raise RecordInvalid(f"record at {path} is in the wrong directory", location=path)
@@ -643,7 +829,9 @@ class FileStore(ProcessOwners):
         directory = os.path.join(self.location, digest[:2])
         name = f"{digest}.json"
         target = os.path.join(directory, name)
-        dir_fd = self._open_fanout_for_writing(digest[:2], directory)
+        if self._keeps_descriptors:
+            return self._apply_cached(identity, step, digest)
+        dir_fd, _ = self._open_fanout_for_writing(digest[:2], directory)
         try:
             try:
                 lock_fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
@@ -655,37 +843,80 @@ class FileStore(ProcessOwners):
                         return _BUSY
                 except OSError as error:
                     raise _fail(f"cannot lock {target}", error) from error
-                for _ in range(8):
-                    data = self._read(dir_fd, name, target)
-                    current = (
-                        None if data is None else decode_record(data, identity, location=target)
-                    )
-                    decision: Step[T] = step(current)
-                    if decision.delete:
-                        if data is not None:
-                            self._delete(dir_fd, directory, name)
-                        return decision.answer
-                    if decision.write is None:
-                        return decision.answer
-                    encoded = encode_record(decision.write)
-                    if len(encoded) > MAX_RECORD_BYTES:
-                        raise StorageFailed(
-                            f"the new record would exceed {MAX_RECORD_BYTES} bytes",
-                            errno=errno.EFBIG,
-                        )
-                    try:
-                        if data is None:
-                            self._create(dir_fd, directory, name, encoded, "record")
-                        else:
-                            self._replace(dir_fd, directory, name, encoded, "record")
-                    except _LostRace:
-                        continue
-                    return decision.answer
-                raise StorageFailed(f"{target} kept changing under the lock", errno=errno.EAGAIN)
+                return self._apply_locked(identity, step, dir_fd, digest)
             finally:
                 os.close(lock_fd)  # also releases the lock
         finally:
             self._quietly(self.fs.close_dir, dir_fd)
+
+    def _apply_cached(self, identity: Identity, step: StepFunction[T], digest: str) -> T | _Busy:
+        """``_apply_sync`` through the fan-out's kept descriptors.
+
+        Saves of this store share one open file description of ``.lock``, so the kernel
+        does not exclude them from one another: ``held`` does, for the digests locked
+        here. The record's byte is unlocked explicitly, as the descriptor stays open.
+        """
+        directory = os.path.join(self.location, digest[:2])
+        target = os.path.join(directory, f"{digest}.json")
+        cache = self._fanouts
+        with cache.lock:
+            if digest in cache.held:
+                return _BUSY
+            cache.held.add(digest)
+        try:
+            entry = self._acquire_fanout(digest[:2], directory)
+            try:
+                try:
+                    if not try_lock_record(entry.lock_fd, digest):
+                        return _BUSY
+                except OSError as error:
+                    raise _fail(f"cannot lock {target}", error) from error
+                try:
+                    return self._apply_locked(identity, step, entry.dir_fd, digest)
+                finally:
+                    try:
+                        unlock_record(entry.lock_fd, digest)
+                    except OSError:  # closing the descriptor releases it, once unused
+                        with cache.lock:
+                            cache.retire(entry)
+            finally:
+                self._release_fanout(entry)
+        finally:
+            with cache.lock:
+                cache.held.discard(digest)
+
+    def _apply_locked(
+        self, identity: Identity, step: StepFunction[T], dir_fd: int, digest: str
+    ) -> T:
+        """Read, decide and write one record whose lock is held."""
+        directory = os.path.join(self.location, digest[:2])
+        name = f"{digest}.json"
+        target = os.path.join(directory, name)
+        for _ in range(8):
+            data = self._read(dir_fd, name, target)
+            current = None if data is None else decode_record(data, identity, location=target)
+            decision: Step[T] = step(current)
+            if decision.delete:
+                if data is not None:
+                    self._delete(dir_fd, directory, name)
+                return decision.answer
+            if decision.write is None:
+                return decision.answer
+            encoded = encode_record(decision.write)
+            if len(encoded) > MAX_RECORD_BYTES:
+                raise StorageFailed(
+                    f"the new record would exceed {MAX_RECORD_BYTES} bytes",
+                    errno=errno.EFBIG,
+                )
+            try:
+                if data is None:
+                    self._create(dir_fd, directory, name, encoded, "record")
+                else:
+                    self._replace(dir_fd, directory, name, encoded, "record")
+            except _LostRace:
+                continue
+            return decision.answer
+        raise StorageFailed(f"{target} kept changing under the lock", errno=errno.EAGAIN)
 
     def _setting_sync(self, name: str, value: str) -> str | _Busy:
         fs = self.fs
@@ -733,8 +964,57 @@ class FileStore(ProcessOwners):
         finally:
             self._quietly(fs.close_dir, root_fd)
 
-    def _open_fanout_for_writing(self, prefix: str, directory: str) -> int:
-        """The fan-out's descriptor (made if missing), checked, its entry in the root durable.
+    def _acquire_fanout(self, prefix: str, directory: str) -> _Fanout:
+        """The fan-out's kept descriptors, for one save; give them back with
+        ``_release_fanout``.
+
+        One ``lstat`` of the fan-out's path per save stands in for opening and checking
+        it again: while it shows the very directory that was opened and checked (device,
+        inode, owner and mode unchanged), the kept descriptor is that directory. Anything
+        else (a missing, replaced or re-moded directory, a symlink) retires the entry and
+        goes through ``_open_fanout_for_writing`` again, which checks it afresh. Like a
+        fresh open, this cannot stop a swap made after the check: the save then goes to
+        the directory that was checked.
+        """
+        cache = self._fanouts
+        info: os.stat_result | None = None
+        if prefix in cache.entries:
+            with contextlib.suppress(OSError):  # if so, the full open says what is wrong
+                info = os.lstat(directory)
+        if info is not None:
+            key = (info.st_dev, info.st_ino, info.st_uid, info.st_mode)
+            with cache.lock:
+                entry = cache.entries.get(prefix)
+                if entry is not None and entry.key == key:
+                    entry.users += 1
+                    return entry
+        dir_fd, opened = self._open_fanout_for_writing(prefix, directory)
+        try:
+            lock_fd = os.open(LOCK_NAME, _LOCK_FLAGS, 0o600, dir_fd=dir_fd)
+        except OSError as error:
+            self._quietly(self.fs.close_dir, dir_fd)
+            raise _fail(f"cannot open the lock file in {directory}", error) from error
+        entry = _Fanout(
+            dir_fd, lock_fd, (opened.st_dev, opened.st_ino, opened.st_uid, opened.st_mode)
+        )
+        with cache.lock:
+            old = cache.entries.get(prefix)
+            if old is not None:
+                cache.retire(old)
+            cache.entries[prefix] = entry
+            entry.users += 1
+        return entry
+
+    def _release_fanout(self, entry: _Fanout) -> None:
+        cache = self._fanouts
+        with cache.lock:
+            entry.users -= 1
+            if entry.retired and entry.users == 0:
+                _close_fanout(entry)
+
+    def _open_fanout_for_writing(self, prefix: str, directory: str) -> tuple[int, os.stat_result]:
+        """The fan-out's descriptor (made if missing), checked, its entry in the root
+        durable; and its ``fstat``.
 
         Opened without following a symlink, and checked on every operation, so a fan-out
         swapped after first use is refused too. Its entry in the root is synced once per
@@ -760,7 +1040,9 @@ class FileStore(ProcessOwners):
         except OSError as error:
             raise _not_a_fanout(directory, error) from error
         try:
-            self._require_private(fd, directory, "the fan-out directory")
+            info = os.fstat(fd)
+            if not self.trust_shared_root:
+                require_private(info, directory, "the fan-out directory")
             if prefix not in self._known_dirs:
                 try:
                     self._sync_dir(self.location)
@@ -776,7 +1058,7 @@ class FileStore(ProcessOwners):
         except BaseException:
             self._quietly(fs.close_dir, fd)
             raise
-        return fd
+        return fd, info
 
     def _read(
         self,
@@ -807,14 +1089,19 @@ class FileStore(ProcessOwners):
                     f"{what} at {path} has {info.st_size} bytes, more than {limit}",
                     location=path,
                 )
+            # Ask for one byte more than the size: a short read of a regular file is its
+            # end, so one read usually does (and no buffer of ``limit`` bytes is made).
+            # A file that grew meanwhile is read on, up to one byte over the limit.
             chunks: list[bytes] = []
             size = 0
+            want = info.st_size + 1
             while size <= limit:
-                chunk = os.read(fd, limit + 1 - size)
-                if not chunk:
-                    break
+                chunk = os.read(fd, min(want, limit + 1 - size))
                 chunks.append(chunk)
                 size += len(chunk)
+                if len(chunk) < want:
+                    break
+                want = 64 * 1024
             return b"".join(chunks)
         except OSError as error:
             raise _fail(f"cannot read {path}", error) from error
@@ -822,8 +1109,9 @@ class FileStore(ProcessOwners):
             os.close(fd)
 
     def _temp_name(self) -> str:
-        """A new temp file name (no directory): ``.<pid>-<writer>-<random>.tmp``."""
-        pid = os.getpid()
+        """A new temp file name (no directory): ``.<pid>-<writer>-<unique>.tmp``, where
+        ``<unique>`` is this process's random nonce and a counter (32 hex digits)."""
+        pid = current_pid()
         if self._temp_prefix is not None and self._temp_prefix[0] == pid:
             prefix = self._temp_prefix[1]
         else:
@@ -831,7 +1119,7 @@ class FileStore(ProcessOwners):
             prefix = f".{pid}-{token}-"
             if token:  # an unknown token is asked again next time, not kept for good
                 self._temp_prefix = (pid, prefix)
-        return f"{prefix}{secrets.token_hex(16)}.tmp"
+        return f"{prefix}{_temp_nonce}{next(_temp_counter):016x}.tmp"
 
     def _write_temp(self, dir_fd: int, directory: str, data: bytes) -> str:
         """A new temp file in ``dir_fd`` holding all of ``data``, synced and closed; its

@@ -31,6 +31,7 @@ __all__ = [
     "ProcessKey",
     "ProcessOwners",
     "current_owner",
+    "current_pid",
     "local_process_space",
     "own_process",
     "owner_alive",
@@ -67,6 +68,24 @@ def _read_pid_namespace() -> int | None:
     return inode if inode > 0 else None
 
 
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def current_pid() -> int:
+    """``os.getpid()`` without a system call: kept up to date in a forked child by an
+    ``os.register_at_fork`` hook (a child made by a raw ``fork`` that bypasses CPython's
+    hooks is not seen; ``multiprocessing``, ``os.fork`` and ``subprocess`` are fine)."""
+    return _pid
+
+
 _space: tuple[int, tuple[str, int]] | None = None
 
 
@@ -77,7 +96,7 @@ def local_process_space() -> tuple[str, int] | None:
     failure, such as running out of file descriptors, must not stick.
     """
     global _space
-    pid = os.getpid()
+    pid = _pid
     if _space is not None and _space[0] == pid:
         return _space[1]
     boot, namespace = _read_boot_id(), _read_pid_namespace()
@@ -127,7 +146,7 @@ def own_process() -> ProcessKey | None:
     space = local_process_space()
     if space is None:
         return None
-    ticks = start_ticks(os.getpid())
+    ticks = start_ticks(_pid)
     if ticks is None or ticks == HIDDEN:
         return None
     return space[0], space[1], ticks
@@ -183,7 +202,7 @@ def current_owner() -> Owner:
     claim asks again rather than going unnamed for the rest of the process's life.
     """
     global _me
-    pid = os.getpid()
+    pid = _pid
     if _me is not None and _me[0] == pid:
         return _me[1]
     key = own_process()
