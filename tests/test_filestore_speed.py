@@ -3,8 +3,10 @@ saves, and nothing the guarantees rest on may change because of it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import socket
 import stat
 import sys
 import threading
@@ -15,12 +17,22 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _builders import NOW, started_record
 
-from itemjournal import Claim, FileStore, Identity, Journal, StorageFailed, definition_digest
-from itemjournal._filestore import _TEMP, try_lock_record
+from itemjournal import (
+    Claim,
+    FileStore,
+    Identity,
+    Journal,
+    Owner,
+    RecordInvalid,
+    StorageFailed,
+    definition_digest,
+)
+from itemjournal._filestore import _TEMP, _shows_other_status, try_lock_record
 from itemjournal._identity import identity_digest
 from itemjournal._owner import current_pid
-from itemjournal._records import Record
+from itemjournal._records import Record, encode_record
 from itemjournal._store import Step
 
 DEFINITION = definition_digest("speed-v1")
@@ -290,3 +302,55 @@ def test_temp_names_are_unique_and_name_their_writer(root: Path) -> None:
         match = _TEMP.fullmatch(name)
         assert match is not None
         assert int(match[1]) == os.getpid()
+
+
+# ---------------------------------------------------------------------- the status probe
+
+DEAD_PID = 2**22 + 1  # beyond any Linux pid_max: no such process
+
+
+def test_the_status_probe_reads_the_encoders_layout() -> None:
+    record = started_record(Identity("speed", "probe", "job", "one"))
+    data = encode_record(record)
+    assert not _shows_other_status(data, "started")
+    assert _shows_other_status(data, "needs_review")
+    # A receipt that spells out another status: escaped inside its string, never matched.
+    tricky = '", "status": "started", "updated_at": "'
+    done = encode_record(record.advance("complete", "succeeded", NOW, receipt=tricky))
+    assert tricky.encode() not in done
+    assert _shows_other_status(done, "started")
+    assert not _shows_other_status(done, "succeeded")
+    pretty = json.dumps(json.loads(done), indent=1).encode()  # another layout: read strictly
+    assert not _shows_other_status(pretty, "started")
+    assert not _shows_other_status(done[:-20] + b"\n", "started")  # cut short: read strictly
+
+
+async def test_sweep_and_status_listing_still_read_what_the_probe_cannot_place(
+    anyio_backend: str, root: Path
+) -> None:
+    """An orphaned started record in another layout is still marked; a damaged one is
+    still reported; a damaged document of another status is reported by a full scan."""
+    store, journal = await open_journal(root)
+    gone = Owner(socket.gethostname(), DEAD_PID, NOW)
+    orphan = Identity("speed", "probe", "job", "orphan")
+    damaged = Identity("speed", "probe", "job", "damaged")
+    other = Identity("speed", "probe", "job", "other")
+
+    def plant() -> None:
+        for identity, data in (
+            (orphan, json.dumps(json.loads(encode_record(started_record(orphan, gone))))),
+            (damaged, '{"status": "started", "updated_at": "'),
+            (other, encode_record(started_record(other)).decode().replace('"aaaa', '"zz', 1)),
+        ):
+            path = store.path_for(identity)
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            path.write_text(data if identity != other else data.replace("started", "succeeded"))
+
+    await in_thread(plant)
+    report = await journal.sweep()
+    assert [view.identity for view in report.marked] == [orphan]
+    assert [getattr(p, "location", None) for p in report.problems] == [str(store.path_for(damaged))]
+    everything = [item async for item in store.scan()]
+    invalid = sorted(item.location or "" for item in everything if isinstance(item, RecordInvalid))
+    assert invalid == sorted([str(store.path_for(damaged)), str(store.path_for(other))])
+    await journal.aclose()
