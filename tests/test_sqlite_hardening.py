@@ -634,7 +634,9 @@ async def test_opening_while_another_process_holds_the_lock_is_cancellable(
         elapsed = anyio.current_time() - started - 0.05
         print(f"\nopen cancelled while waiting for the lock: ended {elapsed * 1000:.1f} ms after")
         assert scope.cancelled_caught
-        assert elapsed < 0.1
+        # well before the busy timeout (3 s): only the trip under way is waited for,
+        # which takes longer than usual on a loaded machine
+        assert elapsed < 1.0
     finally:
         await anyio.to_thread.run_sync(release, holder)
     store = SQLiteStore(str(db))

@@ -66,20 +66,20 @@ _OPEN_CONDITION: Final = "status IN ('started', 'needs_review')"
 # writes it, that status: ``"status": "<column>", "updated_at": `` (the keys are
 # sorted). Such a row belongs in every status scan (its true status is unknown); its own
 # partial index, empty while the journal is healthy, finds it without reading every
-# document. The test is a byte search, not a JSON parse (which cost more than the rest
-# of a write): a document that the strict reader accepts and that holds that text has
-# that status, because a JSON string cannot hold the text (its quotes are escaped), no
-# object of a record but the top one has an ``updated_at`` key, and keys are unique.
-# A document written some other way (spacing, key order) is suspect, which costs its
-# scans nothing but a look at it. So a record whose status is open always has its own
-# status column or is suspect; the reader still checks every row's column against its
-# document.
+# document. The test is a byte search, not a JSON parse (which cost about as much as the
+# rest of a write). A document that the strict reader accepts and that holds that text
+# has that status: inside the text a quote ends a string and a colon follows, so the
+# text is a key ``status``, its value and the next key; no object of a record takes
+# free keys, only the top one has ``updated_at``, and keys are unique. A document
+# written some other way (spacing, key order) is suspect, which costs its scans nothing
+# but a look at it. So a record whose status is open always has its own status column
+# or is suspect; the reader still checks every row's column against its document.
 _STATUS_MARK: Final = 'CAST(\'"status": "\' || status || \'", "updated_at": \' AS BLOB)'
 _SUSPECT_CONDITION: Final = (
     "typeof(digest) != 'text' OR length(CAST(digest AS BLOB)) != 64 "
     "OR digest GLOB '*[^0-9a-f]*' "
     "OR typeof(status) != 'text' "
-    # a CASE, not ``NOT IN (...)``: SQLite builds a table for an IN list every time
+    # a CASE, not ``NOT IN (...)``: evaluated for every written row, the list cost more
     f"OR CASE status {' '.join(f'WHEN {s!r} THEN 0' for s in _STATUSES)} ELSE 1 END "
     "OR typeof(document) != 'blob' "
     f"OR instr(document, {_STATUS_MARK}) = 0"
@@ -121,11 +121,6 @@ _INDEXES: Final = frozenset(
 # by their digest (WITHOUT ROWID).
 _MIGRATES_FROM: Final = frozenset({"1"})
 _ROW: Final = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
-
-# Each connection's page cache, in KiB (SQLite's default is 2,000 KiB): the pages every
-# write passes through (the digest index, the open index, the table's last pages) stay
-# cached as the journal grows, instead of being read back from the file and the log.
-_CACHE_SIZE: Final = -16384
 
 # Errors after which SQLite may have rolled the whole transaction back by itself, or
 # that say something about the database rather than one row.
@@ -440,7 +435,6 @@ class SQLiteStore(ProcessOwners):
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             connection.execute("PRAGMA synchronous = FULL")
-            connection.execute(f"PRAGMA cache_size = {_CACHE_SIZE}")
         except sqlite3.Error:
             connection.close()
             raise
