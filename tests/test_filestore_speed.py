@@ -22,6 +22,7 @@ from _builders import NOW, started_record
 from itemjournal import (
     Claim,
     FileStore,
+    FileSystem,
     Identity,
     Journal,
     Owner,
@@ -353,4 +354,43 @@ async def test_sweep_and_status_listing_still_read_what_the_probe_cannot_place(
     everything = [item async for item in store.scan()]
     invalid = sorted(item.location or "" for item in everything if isinstance(item, RecordInvalid))
     assert invalid == sorted([str(store.path_for(damaged)), str(store.path_for(other))])
+    await journal.aclose()
+
+
+class RootSyncs(FileSystem):
+    """Counts the syncs of one directory (the root)."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.opened: dict[int, str] = {}
+        self.syncs = 0
+
+    def open_dir(
+        self, path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True
+    ) -> int:
+        fd = super().open_dir(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+        self.opened[fd] = path
+        return fd
+
+    def fsync_dir(self, fd: int) -> None:
+        if self.opened.get(fd) == self.root:
+            self.syncs += 1
+        super().fsync_dir(fd)
+
+    def close_dir(self, fd: int) -> None:
+        self.opened.pop(fd, None)
+        super().close_dir(fd)
+
+
+async def test_a_fanout_made_again_is_synced_into_the_root(anyio_backend: str, root: Path) -> None:
+    first, second = identities_in_one_fanout(2)
+    fs = RootSyncs(str(root))
+    store = FileStore(str(root), fs=fs)
+    await store.open()
+    journal = Journal(store)
+    assert isinstance(await journal.begin(first, INPUTS, DEFINITION), Claim)
+    made = fs.syncs
+    await in_thread(shutil.rmtree, store.path_for(first).parent)
+    assert isinstance(await journal.begin(second, INPUTS, DEFINITION), Claim)
+    assert fs.syncs == made + 1
     await journal.aclose()

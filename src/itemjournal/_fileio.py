@@ -5,8 +5,11 @@
 stop at it to model a crash. The default passes straight through to ``os``.
 
 Inside its root the store works relative to a directory descriptor: it opens a
-fan-out directory once per operation (``open_dir(path, follow_symlinks=False)``),
-then passes that descriptor as ``dir_fd`` to ``open``, ``link``, ``replace`` and
+fan-out directory once per operation (``open_dir(path, follow_symlinks=False)``) —
+with this plain ``FileSystem`` on Linux it keeps that descriptor from one save to the
+next while saves overlap, after checking with ``lstat`` that the path still names the
+same private directory, and a subclass sees every call of every save — then passes
+that descriptor as ``dir_fd`` to ``open``, ``link``, ``replace`` and
 ``unlink``, whose paths are then names inside that directory (``link`` and
 ``replace``: both names), and syncs the same descriptor with ``fsync_dir``. A
 directory swapped for a symlink after it was opened therefore cannot redirect a

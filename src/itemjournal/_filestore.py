@@ -16,6 +16,12 @@ redirect a write outside the root.
 
 Every operation's disk work (lock, read, decide, write, sync) is one function run in
 one worker thread.
+
+On Linux, with the plain ``FileSystem``, a fan-out's descriptor and its ``.lock`` file's
+stay open from one save to the next while ``apply`` calls overlap (``_FanoutCache``):
+a save then costs one ``lstat`` of the fan-out's path, which must still show the
+directory that was opened and checked, instead of two opens, a check and two closes.
+Nothing stays open once no ``apply`` is under way, and a forked child opens its own.
 """
 
 from __future__ import annotations
@@ -1016,10 +1022,11 @@ class FileStore(ProcessOwners):
         """The fan-out's descriptor (made if missing), checked, its entry in the root
         durable; and its ``fstat``.
 
-        Opened without following a symlink, and checked on every operation, so a fan-out
+        Opened without following a symlink and checked; a kept descriptor is used only
+        while ``lstat`` shows the directory unchanged (``_acquire_fanout``), so a fan-out
         swapped after first use is refused too. Its entry in the root is synced once per
-        directory and store: also for a directory found existing, since a process may have
-        died between creating it and syncing the root.
+        directory and store (also for a directory found existing, since a process may have
+        died between creating it and syncing the root), and whenever it is made here.
         """
         fs = self.fs
         created = False
@@ -1043,7 +1050,9 @@ class FileStore(ProcessOwners):
             info = os.fstat(fd)
             if not self.trust_shared_root:
                 require_private(info, directory, "the fan-out directory")
-            if prefix not in self._known_dirs:
+            # A directory made here is synced into the root even if one of this name was
+            # before (removed behind the store's back since): its entry is new.
+            if created or prefix not in self._known_dirs:
                 try:
                     self._sync_dir(self.location)
                 except OSError as error:
