@@ -74,10 +74,13 @@ class Store(Protocol):
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
         """Every stored record (with ``status``, only those), in no promised order.
 
-        A record that cannot be read strictly comes as ``RecordInvalid`` (always, whatever
-        ``status`` asks: its status is unknown); a part of the store that cannot be read
-        at all (a directory that cannot be listed) as ``StorageFailed``. Neither stops the
-        scan. Reads in batches (one worker trip each); records may change while it runs.
+        A record that cannot be read strictly comes as ``RecordInvalid``: in a full scan
+        always, and in a ``status`` scan whenever its status cannot be told (it may be the
+        one asked for); one that is damaged elsewhere but plainly names another status is
+        left to that status's scans and to full scans. A part of the store that cannot be
+        read at all (a directory that cannot be listed) comes as ``StorageFailed``. Neither
+        stops the scan. Reads in batches (one worker trip each); records may change while
+        it runs.
         """
         ...
 
