@@ -27,7 +27,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 DEFINITION = definition_digest("storm-v1")
 INPUTS = {"n": "1"}
 ROUNDS = 500
-CANCEL_BUDGET = 0.1
+# Seconds from a cancel to the call's end while another process holds the lock. The file
+# and SQLite stores stop waiting on a local lock; the PostgreSQL store must first reach the
+# server with a cancel request, a connection of its own (forked by the server), which a
+# loaded machine can delay beyond 100 ms.
+CANCEL_BUDGET = {"file": 0.1, "sqlite": 0.1, "postgres": 0.5}
 
 # A second process that takes and gives back, on request, the lock a begin needs: the
 # record's byte of its fan-out's lock file, SQLite's write lock, or the record's row.
@@ -141,7 +145,8 @@ async def test_random_cancels_leave_true_states_and_true_notes(
             if blocked:
                 await anyio.to_thread.run_sync(holder.say, "unlock")
                 worst_blocked = max(worst_blocked, late)
-                assert late < CANCEL_BUDGET, f"round {n}: the cancel took {late * 1000:.0f} ms"
+                budget = CANCEL_BUDGET[store_kind]
+                assert late < budget, f"round {n}: the cancel took {late * 1000:.0f} ms"
                 assert granted == []
             else:
                 worst_free = max(worst_free, late)

@@ -46,7 +46,9 @@ pytestmark = pytest.mark.anyio
 
 DEFINITION = definition_digest("hardening-v1")
 INPUTS = {"n": "1"}
-CANCEL_BUDGET = 0.1  # seconds from a cancel to the call's end, when nothing was written
+# Seconds from a cancel to the call's end, when nothing was written. The PostgreSQL store
+# interrupts a wait with a cancel request, a connection of its own to the server.
+CANCEL_BUDGET = {"file": 0.1, "sqlite": 0.1, "memory": 0.1, "postgres": 0.5}
 
 
 def ident(item: str) -> Identity:
@@ -152,7 +154,7 @@ def read_in_new_process(location: str, identity: Identity) -> dict[str, Any]:
 
 
 async def test_a_begin_cancelled_while_waiting_for_a_lock_ends_at_once(
-    make_journal: Any, held: Any
+    make_journal: Any, held: Any, store_kind: str
 ) -> None:
     journal = await make_journal(lock_timeout=5.0)
     identity = ident("waits-for-a-lock")
@@ -167,7 +169,7 @@ async def test_a_begin_cancelled_while_waiting_for_a_lock_ends_at_once(
             raise
     late = anyio.current_time() - deadline
     assert scope.cancelled_caught
-    assert late < CANCEL_BUDGET, f"the cancel took {late * 1000:.0f} ms"
+    assert late < CANCEL_BUDGET[store_kind], f"the cancel took {late * 1000:.0f} ms"
     assert notes == []  # nothing was written, so nothing is said about a claim
     print(f"\na begin cancelled while another party held its lock ended {late * 1000:.1f} ms late")
 
