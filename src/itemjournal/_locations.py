@@ -4,19 +4,22 @@
 ``scheme:`` prefix picks the store from one table, and the store's module is imported
 only then, so that a database driver is needed only by those who use its store (the
 PostgreSQL store needs the ``postgres`` extra). The journal itself imports no store.
+
+Every location is opened here, so this is also where an unsupported platform is refused.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+import sys
 import urllib.parse
 from typing import Final
 
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, StorageFailed
 from ._store import Store
 
-__all__ = ["open_store", "redact"]
+__all__ = ["check_platform", "open_store", "redact"]
 
 # scheme -> (module, class, extra that brings what it imports, or None)
 _STORES: Final[dict[str, tuple[str, str, str | None]]] = {
@@ -26,11 +29,30 @@ _STORES: Final[dict[str, tuple[str, str, str | None]]] = {
 }
 _FILES: Final[tuple[str, str, str | None]] = ("itemjournal._filestore", "FileStore", None)
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_WINDOWS: Final = frozenset({"win32", "cygwin", "msys"})  # Windows, and its POSIX layers
 _FORMS = "an absolute directory, sqlite:///absolute/path.db or postgresql://host/database"
 
 
+def check_platform(platform: str = sys.platform) -> None:
+    """Refuse a platform (a ``sys.platform`` value) the journal cannot keep its promise on.
+
+    Windows is refused with ``StorageFailed``: the stores lock records with POSIX locks,
+    make a new entry durable by syncing its directory, and tell a dead owner from a live
+    one through ``/proc``; Windows has none of these, and a journal that half worked there
+    could run work twice. Linux is supported; other POSIX systems (macOS) are let through.
+    """
+    if platform in _WINDOWS:
+        raise StorageFailed(
+            f"itemjournal does not run on Windows (sys.platform {platform!r}): its stores "
+            "need POSIX file locks, fsync of directories and /proc to tell whether a "
+            "claim's owner process still lives; use Linux"
+        )
+
+
 def open_store(location: str, *, lock_timeout: float, trust_shared_root: bool) -> Store:
-    """The (not yet opened) store for ``location``; argument errors are raised here."""
+    """The (not yet opened) store for ``location``; argument errors are raised here, and
+    ``StorageFailed`` on a platform the journal does not support."""
+    check_platform()
     match = _SCHEME.match(location)
     if match is None or location.startswith("/"):
         entry = _FILES
