@@ -26,6 +26,7 @@ Nothing stays open once no ``apply`` is under way, and a forked child opens its 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import fcntl
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
@@ -697,13 +699,17 @@ class FileStore(ProcessOwners):
         return await self._trip(self._peek_sync, identity, view)
 
     async def scan(
-        self, *, status: str | None = None, batch: int = 256
+        self, *, status: str | None = None, after: str | None = None, batch: int = 256
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
-        """Every record, in batches; what cannot be read is yielded, never raised.
+        """Every record in digest order (after ``after``), in batches; what cannot be read
+        is yielded, never raised.
 
         A record that cannot be read comes as ``RecordInvalid``; a fan-out name that cannot
         be listed (not a directory, a symlink, shared with other users) as
-        ``StorageFailed``. Only a root that cannot be listed at all ends the scan (raised).
+        ``StorageFailed``, where its records would come. Only a root that cannot be listed
+        at all ends the scan (raised). Fan-outs are listed as the scan gets to them, each
+        worker trip listing as many as its batch needs: a caller that stops after its first
+        page has listed a fan-out or two, not the whole store.
 
         With ``status``, a document whose bytes are laid out exactly as the store writes
         them and name another status is passed over unread (``_shows_other_status``): the
@@ -711,14 +717,23 @@ class FileStore(ProcessOwners):
         cannot be seen so, but a document of another status that is damaged past its
         status is reported only by a scan without ``status`` (``verify``, ``list``).
         """
-        names, problems = await self._trip(self._list_sync)
-        for problem in problems:
-            yield problem
-        for start in range(0, len(names), batch):
-            chunk = names[start : start + batch]
-            for item in await self._trip(self._load_sync, chunk, status):
+        fanouts = await self._trip(self._fanouts_sync)
+        if after is not None:
+            fanouts = fanouts[bisect.bisect_left(fanouts, after[:2]) :]
+        fanouts.reverse()  # taken from the end, in order
+        pending: list[tuple[str, str]] = []
+        while fanouts or pending:
+            items, pending = await self._trip(
+                self._scan_step_sync, fanouts, pending, batch, status, after
+            )
+            for item in items:
                 if status is None or not isinstance(item, Record) or item.status == status:
                     yield item
+
+    async def tally(self) -> None:
+        """None: the file store keeps no index, so counting its records is a full scan
+        (every fan-out listed, every record read)."""
+        await anyio.lowlevel.checkpoint()
 
     # ------------------------------------------------------------------ worker-thread code
 
@@ -737,32 +752,58 @@ class FileStore(ProcessOwners):
             raise
         return fd
 
-    def _list_sync(self) -> tuple[list[tuple[str, str]], list[StorageFailed]]:
-        """(fan-out, name) of every file named like a record, and the fan-outs that
-        could not be listed."""
-        found: list[tuple[str, str]] = []
-        problems: list[StorageFailed] = []
+    def _fanouts_sync(self) -> list[str]:
+        """The names of the fan-out directories, sorted."""
         try:
-            fanouts = sorted(name for name in os.listdir(self.location) if _FANOUT.fullmatch(name))
+            return sorted(name for name in os.listdir(self.location) if _FANOUT.fullmatch(name))
         except OSError as error:
             raise _fail(f"cannot list the records in {self.location}", error) from error
-        for fanout in fanouts:
-            directory = os.path.join(self.location, fanout)
+
+    def _list_fanout(self, fanout: str, after: str | None) -> list[tuple[str, str]]:
+        """(fan-out, name) of every file in ``fanout`` named like a record (after
+        ``after``), sorted; ``StorageFailed`` when it cannot be listed."""
+        directory = os.path.join(self.location, fanout)
+        fd = self._open_fanout_for_reading(directory)
+        if fd is None:  # removed since the listing
+            return []
+        try:
+            names = os.listdir(fd)
+        except OSError as error:
+            raise _fail(f"cannot list {directory}", error) from error
+        finally:
+            os.close(fd)
+        bound = None if after is None or after[:2] != fanout else f"{after}.json"
+        return [
+            (fanout, name)
+            for name in sorted(names)
+            if _RECORD_NAME.fullmatch(name) and (bound is None or name > bound)
+        ]
+
+    def _scan_step_sync(
+        self,
+        fanouts: list[str],
+        pending: list[tuple[str, str]],
+        batch: int,
+        status: str | None,
+        after: str | None,
+    ) -> tuple[list[Record | RecordInvalid | StorageFailed], list[tuple[str, str]]]:
+        """One batch of a scan: what is pending read first, then fan-outs listed (taken
+        from the end of ``fanouts``) and read until ``batch`` names (or problems) are done
+        or no fan-out is left. Returns what was read and the names still pending."""
+        items: list[Record | RecordInvalid | StorageFailed] = []
+        done = 0
+        while True:
+            if pending:
+                chunk, pending = pending[: batch - done], pending[batch - done :]
+                items.extend(self._load_sync(chunk, status))
+                done += len(chunk)
+            if done >= batch or not fanouts:
+                return items, pending
             try:
-                fd = self._open_fanout_for_reading(directory)
-                if fd is None:  # removed since the listing
-                    continue
-                try:
-                    names = os.listdir(fd)
-                except OSError as error:
-                    raise _fail(f"cannot list {directory}", error) from error
-                finally:
-                    os.close(fd)
+                pending = self._list_fanout(fanouts.pop(), after)
             except StorageFailed as problem:
-                problems.append(problem)
-                continue
-            found.extend((fanout, name) for name in sorted(names) if _RECORD_NAME.fullmatch(name))
-        return found, problems
+                items.append(problem)
+                done += 1
 
     def _load_sync(
         self, names: list[tuple[str, str]], status: str | None = None

@@ -15,6 +15,7 @@ parallel.
 
 from __future__ import annotations
 
+import bisect
 import secrets
 import threading
 from collections.abc import AsyncGenerator, Callable
@@ -26,8 +27,8 @@ import anyio.lowlevel
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
 from ._owner import ProcessOwners
-from ._records import Record, decode_record, encode_record
-from ._store import Step, StepFunction
+from ._records import STATUSES, Record, decode_record, encode_record
+from ._store import Step, StepFunction, Tally
 from ._threads import Trips
 
 __all__ = ["MemoryStore"]
@@ -55,6 +56,10 @@ class MemoryStore(ProcessOwners):
         self.location = f"memory:{secrets.token_hex(8)}"
         self._documents: dict[str, bytes] = {}  # identity digest -> record document
         self._settings: dict[str, str] = {}
+        # What each document was last found to say: its status, or None when the strict
+        # reader refused it, for as long as the document is that very bytes object (a
+        # write or ``put_document`` stores a new one). ``tally`` reads only what changed.
+        self._told: dict[str, tuple[bytes, str | None]] = {}
         # One lock per identity ever written, held only inside a worker trip, for the
         # whole read-step-write. The dicts need no lock of their own: each touch of them
         # is one dict operation, atomic in Python, so that nothing running on the event
@@ -114,9 +119,10 @@ class MemoryStore(ProcessOwners):
         return await self._trip(self._peek_sync, identity, view)
 
     async def scan(
-        self, *, status: str | None = None, batch: int = 256
+        self, *, status: str | None = None, after: str | None = None, batch: int = 256
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
-        """Every record in the order of its identity digest, ``batch`` per worker trip.
+        """Every record in the order of its identity digest (after ``after``, when given),
+        ``batch`` per worker trip.
 
         The digests are taken when the scan starts: a record added later is not seen, one
         removed meanwhile is skipped, and one replaced is read as it is when its batch is
@@ -127,11 +133,16 @@ class MemoryStore(ProcessOwners):
             raise InvalidArgument(
                 f"a scan's batch is a positive integer, not {batch!r}", code="INVALID_ARGUMENT"
             )
-        digests = await self._trip(self._digests_sync)
+        digests = await self._trip(self._digests_sync, after)
         for start in range(0, len(digests), batch):
             page = await self._trip(self._load_sync, digests[start : start + batch], status)
             for item in page:
                 yield item
+
+    async def tally(self) -> Tally:
+        """The records per status and ``invalid``, exactly as a full scan counts them: a
+        document is read strictly once, and again only after it is replaced."""
+        return Tally(await self._trip(self._tally_sync), exact=True)
 
     async def check(self) -> list[str]:
         """The store's own problems beyond its records: none. A memory store has no temp
@@ -186,7 +197,9 @@ class MemoryStore(ProcessOwners):
             if decision.write is None:
                 return decision.answer
             # Refuses (RECORD_INVALID) what the strict reader would, an oversize record too.
-            self._documents[digest] = encode_record(decision.write)
+            data = encode_record(decision.write)
+            self._documents[digest] = data
+            self._told[digest] = (data, decision.write.status)
             return decision.answer
 
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
@@ -197,8 +210,27 @@ class MemoryStore(ProcessOwners):
         )
         return view(record)
 
-    def _digests_sync(self) -> list[str]:
-        return sorted(list(self._documents))  # one copy of the keys, then the sort
+    def _digests_sync(self, after: str | None = None) -> list[str]:
+        digests = sorted(list(self._documents))  # one copy of the keys, then the sort
+        if after is None:
+            return digests
+        return digests[bisect.bisect_right(digests, after) :]
+
+    def _tally_sync(self) -> dict[str, int]:
+        counted = dict.fromkeys((*STATUSES, "invalid"), 0)
+        for digest, data in list(self._documents.items()):
+            told = self._told.get(digest)
+            if told is None or told[0] is not data:
+                try:
+                    status: str | None = decode_record(data, digest).status
+                except RecordInvalid:
+                    status = None
+                told = (data, status)
+                self._told[digest] = told
+            counted["invalid" if told[1] is None else told[1]] += 1
+        for digest in [digest for digest in self._told if digest not in self._documents]:
+            self._told.pop(digest, None)
+        return counted
 
     def _load_sync(
         self, digests: list[str], status: str | None

@@ -56,7 +56,7 @@ from ._identity import Identity, identity_digest
 from ._locations import redact
 from ._owner import current_owner, owner_alive
 from ._records import STATUSES, Owner, Record, decode_record, encode_record
-from ._store import Step, StepFunction
+from ._store import Step, StepFunction, Tally
 from ._threads import Trips
 
 __all__ = ["PostgresStore"]
@@ -265,6 +265,16 @@ class PostgresStore:
                 held,
             )
         self._q_page = {status: self._page_query(status) for status in (None, *STATUSES)}
+        # One statement, so one snapshot: the rows per status column (the table keeps the
+        # column one of the statuses), then every suspect row, to be read strictly.
+        self._q_tally = _text(
+            sql.SQL(
+                "SELECT status, count(*), NULL::text, NULL::bytea FROM {0} GROUP BY status "
+                "UNION ALL SELECT status, NULL::bigint, digest, document FROM {0} WHERE {1}"
+            ),
+            records,
+            self._suspect,
+        )
         self._pool: psycopg_pool.ConnectionPool[Any] | None = None
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
@@ -632,9 +642,10 @@ class PostgresStore:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def scan(
-        self, *, status: str | None = None, batch: int = 256
+        self, *, status: str | None = None, after: str | None = None, batch: int = 256
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
-        """Every row in digest order, a page per worker trip; see ``Store.scan``.
+        """Every row in digest order (after ``after``), a page per worker trip; see
+        ``Store.scan``.
 
         A status scan reads the rows whose status column holds that status (the open
         statuses through their index); the column is checked against the document on
@@ -642,14 +653,46 @@ class PostgresStore:
         """
         if status is not None and status not in STATUSES:
             raise InvalidArgument(f"no such status: {status!r}", code="INVALID_ARGUMENT")
-        after = ""
+        bound = "" if after is None else after
         while True:
-            page, last = await self._trips.run(self._page_sync, after, batch, status)
+            page, last = await self._trips.run(self._page_sync, bound, batch, status)
             for item in page:
                 yield item
             if last is None:
                 return
-            after = last
+            bound = last
+
+    async def tally(self) -> Tally:
+        """The rows per status column, then the suspect rows (whose document does not name
+        their column's status) each read strictly; one statement, one snapshot.
+
+        Not exact (``Tally.exact`` is False): a row whose document names its column's
+        status but is damaged elsewhere is counted under that status; only a full scan
+        (``Journal.counts``) reads every row strictly.
+        """
+        return Tally(await self._trips.run(self._tally_sync), exact=False)
+
+    def _tally_sync(self) -> dict[str, int]:
+        def read(connection: psycopg.Connection[Any]) -> list[Any]:
+            found = connection.execute(self._q_tally).fetchall()
+            connection.rollback()
+            return found
+
+        try:
+            rows = self._idempotent(read)
+        except psycopg.Error as error:
+            raise _failure(f"cannot count the records in {self.location}", error) from error
+        counted = dict.fromkeys((*STATUSES, "invalid"), 0)
+        for column, number, digest, document in rows:
+            if number is not None:
+                counted[column] = counted.get(column, 0) + number
+                continue
+            counted[column] -= 1
+            try:
+                counted[self._decode(digest, column, _bytes(document)).status] += 1
+            except RecordInvalid:
+                counted["invalid"] += 1
+        return counted
 
     def _page_query(self, status: str | None) -> str:
         condition: sql.Composable = sql.SQL("")

@@ -47,7 +47,7 @@ from ._identity import Identity, identity_digest
 from ._owner import ProcessOwners
 from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_record, encode_record
-from ._store import Step, StepFunction
+from ._store import Step, StepFunction, Tally
 from ._threads import run_in_thread
 from ._trust import require_private
 
@@ -109,18 +109,45 @@ CREATE TABLE IF NOT EXISTS itemjournal_meta (
 CREATE UNIQUE INDEX IF NOT EXISTS itemjournal_records_digest ON itemjournal_records (digest);
 CREATE INDEX IF NOT EXISTS itemjournal_records_open ON itemjournal_records (status, digest)
     WHERE status IN ('started', 'needs_review');
+CREATE INDEX IF NOT EXISTS itemjournal_records_released ON itemjournal_records (digest)
+    WHERE status = 'released';
 """
     + "CREATE INDEX IF NOT EXISTS itemjournal_records_suspect ON itemjournal_records (digest)\n"
     + f"    WHERE {_SUSPECT_CONDITION};\n"
 )
 _TABLES: Final = frozenset({"itemjournal_meta", "itemjournal_records"})
 _INDEXES: Final = frozenset(
-    {"itemjournal_records_digest", "itemjournal_records_open", "itemjournal_records_suspect"}
+    {
+        "itemjournal_records_digest",
+        "itemjournal_records_open",
+        "itemjournal_records_released",
+        "itemjournal_records_suspect",
+    }
 )
 # Versions this one migrates from (see ``_migrate``): 1 kept the rows in a table keyed
 # by their digest (WITHOUT ROWID).
 _MIGRATES_FROM: Final = frozenset({"1"})
 _ROW: Final = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
+# ``tally``: every status counted from an index, no document read. The rows whose status
+# column is ``succeeded`` (the bulk of a journal) have no index of their own: they are
+# what is left of the total, which SQLite counts on the smallest index (the digests).
+# ``released`` has a partial index for this alone (few rows: a record leaves that status
+# when it is claimed again). The suspect rows are read and each counted as the strict
+# reader tells, moved out of the count its status column put it in.
+_TALLY_TOTAL: Final = "SELECT count(*) FROM itemjournal_records"
+_TALLY_OPEN: Final = (
+    "SELECT status, count(*) FROM itemjournal_records INDEXED BY itemjournal_records_open "
+    f"WHERE {_OPEN_CONDITION} GROUP BY status"
+)
+_TALLY_RELEASED: Final = (
+    "SELECT count(*) FROM itemjournal_records INDEXED BY itemjournal_records_released "
+    "WHERE status = 'released'"
+)
+_TALLY_SUSPECT: Final = (
+    "SELECT digest, status, document, "
+    "CASE WHEN status IN ('started', 'needs_review', 'released') THEN status END "
+    f"FROM itemjournal_records INDEXED BY itemjournal_records_suspect WHERE {_SUSPECT_CONDITION}"
+)
 
 # Errors after which SQLite may have rolled the whole transaction back by itself, or
 # that say something about the database rather than one row.
@@ -775,9 +802,10 @@ class SQLiteStore(ProcessOwners):
         return await run_in_thread(self._peek_sync, identity, view)
 
     async def scan(
-        self, *, status: str | None = None, batch: int = 256
+        self, *, status: str | None = None, after: str | None = None, batch: int = 256
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
-        """Every row, a page per worker trip; see ``Store.scan``.
+        """Every row in digest order (after ``after``), a page per worker trip; see
+        ``Store.scan``.
 
         A row that cannot be read comes as ``RecordInvalid`` (or, for an unexpected
         error reading it, ``StorageFailed``). A scan of ``succeeded``, ``released`` (or
@@ -789,11 +817,48 @@ class SQLiteStore(ProcessOwners):
         other way, is left to the scans of that status and the full scan. A page that
         cannot be read at all raises ``StorageFailed``: the scan cannot go past it.
         """
-        after: _Bound | None = _FIRST
-        while after is not None:
-            page, after = await run_in_thread(self._page_sync, after, batch, status)
+        bound: _Bound | None = (
+            _FIRST if after is None else _Bound(blob=False, raw=after.encode(), inclusive=False)
+        )
+        while bound is not None:
+            page, bound = await run_in_thread(self._page_sync, bound, batch, status)
             for item in page:
                 yield item
+
+    async def tally(self) -> Tally:
+        """The records per status from the indexes, in one read transaction: no document
+        is read but the suspect rows' (see ``_SUSPECT_CONDITION``), each read strictly.
+
+        Not exact (``Tally.exact`` is False): a row whose digest, status column and
+        document's status all agree, but that is damaged elsewhere, is counted under its
+        status; only a full scan (``Journal.counts``) reads every row strictly.
+        """
+        return Tally(await run_in_thread(self._tally_sync), exact=False)
+
+    def _tally_sync(self) -> dict[str, int]:
+        try:
+            with self._reader() as reader:
+                reader.execute("BEGIN")
+                try:
+                    (total,) = reader.execute(_TALLY_TOTAL).fetchone()
+                    by_column: dict[str | None, int] = dict(reader.execute(_TALLY_OPEN).fetchall())
+                    by_column["released"] = reader.execute(_TALLY_RELEASED).fetchone()[0]
+                    suspects = reader.execute(_TALLY_SUSPECT).fetchall()
+                finally:
+                    reader.execute("ROLLBACK")
+        except sqlite3.Error as error:
+            raise _failure(f"cannot count the records in {self.location}", error) from error
+        counted = dict.fromkeys((*_STATUSES, "invalid"), 0)
+        for status in (*_OPEN, "released"):
+            counted[status] = by_column.get(status, 0)
+        counted["succeeded"] = total - sum(counted.values())  # and rows of no known status
+        for digest, column, document, indexed in suspects:
+            counted["succeeded" if indexed is None else indexed] -= 1
+            try:
+                counted[self._read_row(digest, column, document).status] += 1
+            except (RecordInvalid, StorageFailed):
+                counted["invalid"] += 1
+        return counted
 
     # ------------------------------------------------------------------ worker-thread code
 

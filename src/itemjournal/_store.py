@@ -18,7 +18,7 @@ from ._errors import RecordInvalid, StorageFailed
 from ._identity import Identity
 from ._records import Owner, Record
 
-__all__ = ["Step", "StepFunction", "Store"]
+__all__ = ["Step", "StepFunction", "Store", "Tally"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -35,6 +35,20 @@ class Step(Generic[T_co]):
 
 
 StepFunction = Callable[[Record | None], Step[T]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tally:
+    """What a store can tell of its record counts without reading every record strictly.
+
+    ``counts`` has every status and ``invalid``. ``exact`` says whether they are the
+    counts a full scan would give (``Journal.counts``); when it is False, a record that
+    the store's own status check passes but that is damaged elsewhere is counted under
+    the status it names instead of as ``invalid``.
+    """
+
+    counts: dict[str, int]
+    exact: bool
 
 
 class Store(Protocol):
@@ -70,18 +84,28 @@ class Store(Protocol):
         ...
 
     def scan(
-        self, *, status: str | None = None
+        self, *, status: str | None = None, after: str | None = None
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
-        """Every stored record (with ``status``, only those), in no promised order.
+        """Every stored record (with ``status``, only those), in the order of its key (the
+        identity digest); with ``after`` (a key), only those whose key sorts after it.
 
         A record that cannot be read strictly comes as ``RecordInvalid``: in a full scan
         always, and in a ``status`` scan whenever its status cannot be told (it may be the
         one asked for); one that is damaged elsewhere but plainly names another status is
         left to that status's scans and to full scans. A part of the store that cannot be
         read at all (a directory that cannot be listed) comes as ``StorageFailed``. Neither
-        stops the scan. Reads in batches (one worker trip each); records may change while
-        it runs.
+        stops the scan. A problem whose key is known is left out when it sorts at or
+        before ``after``; one without a key (a part of the store) may come on any scan.
+        Reads in batches (one worker trip each) and only as far as it is consumed: a
+        caller that stops early has not paid for the rest. Records may change while it
+        runs.
         """
+        ...
+
+    async def tally(self) -> Tally | None:
+        """The records per status (and ``invalid``), from what the store can count
+        without reading every record; None when it has no cheaper way than a full scan.
+        Reads only."""
         ...
 
     async def check(self) -> list[str]:
