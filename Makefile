@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# make test-dist: a fresh environment outside the source tree, made anew each run.
+DIST_VENV ?= $${TMPDIR:-/tmp}/itemjournal-test-dist
+# Workers for the installed suite (pytest-xdist); 0 runs it in one process.
+DIST_WORKERS ?= 2
 
-.PHONY: demo test lint bench bench-quick clean
+.PHONY: demo test lint dist test-dist docs bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,9 +23,35 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/mypy
 	$(BIN)/mypy --strict tests/typing/user_code.py
+	$(BIN)/pyright tests/typing/user_code.py
 
 test: $(BIN)/.installed lint
 	$(BIN)/python -m pytest --cov=itemjournal --cov-report=term-missing --cov-fail-under=95 tests
+
+# The sdist and the wheel in dist/, then the packaging tests on exactly those files.
+dist: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,lint,dist]'
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	ITEMJOURNAL_TEST_DIST="$(CURDIR)/dist" $(BIN)/python -m pytest -q tests/test_packaging.py
+
+# The whole suite against the installed wheel: a fresh environment outside the tree, the
+# wheel and its test extra installed there, pytest started from that environment's folder.
+# ITEMJOURNAL_TEST_INSTALLED=1 makes the suite refuse to start unless it imports the
+# installed copy (tests/conftest.py); no coverage here, `make test` measures it.
+test-dist: dist
+	rm -rf "$(DIST_VENV)"
+	$(PYTHON) -m venv "$(DIST_VENV)"
+	"$(DIST_VENV)/bin/python" -m pip install --quiet --upgrade pip
+	"$(DIST_VENV)/bin/python" -m pip install --quiet "$$(ls "$(CURDIR)"/dist/itemjournal-*.whl)[test]"
+	cd "$(DIST_VENV)" && ITEMJOURNAL_TEST_INSTALLED=1 ITEMJOURNAL_TEST_DIST="$(CURDIR)/dist" \
+		./bin/python -m pytest -c "$(CURDIR)/pyproject.toml" --rootdir "$(CURDIR)" \
+		-n $(DIST_WORKERS) "$(CURDIR)/tests"
+
+# The documentation site in site/ (mkdocs, strict: any warning fails the build).
+docs: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,lint,docs]'
+	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
@@ -32,4 +62,4 @@ bench-quick: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench.py --quick $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache
+	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache dist site

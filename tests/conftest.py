@@ -13,8 +13,41 @@ from pathlib import Path
 import pytest
 from blockbuster import BlockBuster, BlockBusterFunction, blockbuster_ctx
 
+import itemjournal
 from itemjournal import Journal
 from itemjournal.testing import MemoryStore
+
+# `make test-dist` runs this suite against the wheel installed in a fresh environment and
+# sets this variable: the session then refuses to start unless ``itemjournal`` was
+# imported from that environment's site-packages, never from the source tree's ``src/``.
+INSTALLED_VARIABLE = "ITEMJOURNAL_TEST_INSTALLED"
+SOURCE_TREE = Path(__file__).resolve().parent.parent / "src"
+
+
+def installed_problem(
+    module_file: str | None, *, source: Path = SOURCE_TREE, site: Path | None = None
+) -> str | None:
+    """Why ``module_file`` (``itemjournal.__file__``) is not a copy installed in ``site``
+    (this interpreter's site-packages by default), or None when it is."""
+    import sysconfig
+
+    if module_file is None:
+        return "itemjournal was imported from no file"
+    where = Path(module_file).resolve()
+    if where.is_relative_to(source.resolve()):
+        return f"itemjournal was imported from the source tree ({where}), not the installed wheel"
+    site = (site or Path(sysconfig.get_paths()["purelib"])).resolve()
+    if not where.is_relative_to(site):
+        return f"itemjournal was imported from {where}, outside site-packages ({site})"
+    return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get(INSTALLED_VARIABLE) == "1":
+        problem = installed_problem(itemjournal.__file__)
+        if problem is not None:
+            pytest.exit(f"{INSTALLED_VARIABLE}=1: {problem}", returncode=3)
+
 
 # Calls blockbuster does not watch by itself but that a store makes on every save.
 _EXTRA_BLOCKING = ("open", "fsync", "fdatasync", "fstat", "lstat", "makedirs")

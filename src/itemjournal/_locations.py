@@ -14,10 +14,12 @@ import importlib
 import re
 import sys
 import urllib.parse
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._errors import InvalidArgument, StorageFailed
-from ._store import Store
+
+if TYPE_CHECKING:  # the check below must import nothing that a refused platform lacks
+    from ._store import Store
 
 __all__ = ["check_platform", "open_store", "redact"]
 
