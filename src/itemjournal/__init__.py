@@ -22,6 +22,7 @@ from ._identity import definition_digest as definition_digest
 from ._identity import input_digest as input_digest
 from ._journal import Attempt as Attempt
 from ._journal import Journal as Journal
+from ._observe import JournalStatistics as JournalStatistics
 from ._once import once as once
 from ._reconcile import DidNotHappen as DidNotHappen
 from ._reconcile import Happened as Happened
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidArgument",
     "Journal",
     "JournalError",
+    "JournalStatistics",
     "Owner",
     "PruneReport",
     "ReconcileReport",

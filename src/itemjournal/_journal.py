@@ -38,6 +38,7 @@ from ._identity import (
     require_hash,
 )
 from ._locations import open_store
+from ._observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 from ._records import (
     MAX_NOTE_CHARS,
     STATUSES,
@@ -66,6 +67,9 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 _KEY_IN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 _FIRST_POLL = 0.01  # seconds: the first pause of a waiter polling another process's claim
 _LAST_POLL = 1.0  # the longest pause (and how often a waiter on our own claim re-checks)
+
+# What a step saw and decided, each time the store ran it.
+_Seen = list[tuple[Record | None, Step[object]]]
 
 # The location's setting that names how its inputs are fingerprinted (SPEC section 1).
 _INPUT_KIND: str = "input_kind"
@@ -183,6 +187,9 @@ class Journal:
         # Claims this journal granted that are still open: waiters (wait=...) on one of
         # them are woken when it settles, instead of polling.
         self._live: dict[Identity, anyio.Event] = {}
+        self._observer = Observer()
+        # Set by ``itemjournal.otel.instrument``: what wraps each operation in a span.
+        self._tracing: Tracing | None = None
 
     @classmethod
     async def open(
@@ -276,6 +283,20 @@ class Journal:
     def __repr__(self) -> str:
         return f"Journal({self._store!r})"
 
+    def statistics(self) -> JournalStatistics:
+        """Counters of what this ``Journal`` object did since it was made (no I/O).
+
+        See ``itemjournal.JournalStatistics`` for what each counts; other journals and
+        processes on the same location count for themselves.
+        """
+        return self._observer.statistics()
+
+    def _span(self, operation: str, identity: Identity | None) -> Span:
+        """The span of one operation: a real one once ``itemjournal.otel`` instrumented
+        this journal, else a shared one that does nothing."""
+        tracing = self._tracing
+        return NO_SPAN if tracing is None else tracing.span(operation, identity)
+
     async def aclose(self) -> None:
         await self._store.aclose()
 
@@ -317,6 +338,7 @@ class Journal:
 
     async def _apply(
         self,
+        operation: str,
         identity: Identity,
         step: Callable[[Record | None], Step[T]],
         undo: Callable[[Record | None], Step[str]] | None = None,
@@ -329,35 +351,60 @@ class Journal:
         reach the caller, so whatever the step wrote for it must be taken back. A call
         cancelled before its step ever ran (waiting for a lock, say) wrote nothing and
         ends at once.
+
+        Every write is logged and counted here, under ``operation``'s name, once the store
+        acknowledged it: only then did it happen.
         """
         left_started: list[bool] = []  # a write took the record out of ``started``
 
-        def watched(run: Callable[[Record | None], Step[U]]) -> Callable[[Record | None], Step[U]]:
+        def watched(
+            run: Callable[[Record | None], Step[U]], seen: _Seen
+        ) -> Callable[[Record | None], Step[U]]:
             def watching(current: Record | None) -> Step[U]:
                 decision = run(current)
                 if decision.delete or (
                     decision.write is not None and decision.write.status != "started"
                 ):
                     left_started.append(True)
+                seen.append((current, decision))  # a store that re-runs a step writes the last
                 return decision
 
             return watching
 
+        seen: _Seen = []
+        observer = self._observer
         await self._acquire(identity)
         try:
             try:
-                return await self._store.apply(identity, watched(step))
+                answer = await self._store.apply(identity, watched(step, seen))
+            except ConflictError as refusal:
+                if operation != "begin":  # begin logs its final answer, after any waiting
+                    observer.refused(operation, identity, refusal)
+                raise
+            except StorageFailed as failure:
+                observer.failed(operation, identity, failure)
+                raise
             except anyio.get_cancelled_exc_class() as cancelled:
                 if undo is not None and decided():
+                    undone: _Seen = []
                     _, error, _ = await _to_the_end(
-                        functools.partial(self._store.apply, identity, watched(undo))
+                        functools.partial(self._store.apply, identity, watched(undo, undone))
                     )
+                    if error is None and undone:
+                        before, decision = undone[-1]
+                        observer.wrote("undo", identity, before, decision.write, decision.delete)
+                    elif isinstance(error, StorageFailed):
+                        observer.failed("undo", identity, error)
                     if error is not None:
                         cancelled.add_note(
                             f"itemjournal could not check whether the cancelled begin() left "
                             f"a started record on {list(identity)}: {error}"
                         )
                 raise
+            if seen:
+                before, decision = seen[-1]
+                observer.wrote(operation, identity, before, decision.write, decision.delete)
+            return answer
         finally:
             self._release(identity)
             if left_started:
@@ -385,6 +432,24 @@ class Journal:
         input_hash = self._digester(inputs)
         definition_hash = require_hash(definition)
         limit = _check_wait(wait)
+        with self._span("begin", ident) as span:
+            try:
+                outcome = await self._begin_waiting(ident, input_hash, definition_hash, limit)
+            except ConflictError as refusal:
+                self._observer.refused("begin", ident, refusal)
+                raise
+            if isinstance(outcome, Claim):
+                span.set("outcome", "claimed")
+                span.set("claim_id", outcome.claim_id)
+            else:
+                self._observer.reused(ident, outcome.attempt, outcome.receipt)
+                span.set("outcome", "reused")
+            span.set("attempt", outcome.attempt)
+            return outcome
+
+    async def _begin_waiting(
+        self, ident: Identity, input_hash: str, definition_hash: str, limit: float | None
+    ) -> Claim | Reuse:
         if limit is None:
             return await self._begin(ident, input_hash, definition_hash)
         deadline = anyio.current_time() + limit
@@ -471,7 +536,7 @@ class Journal:
             return Step(None, "never written")
 
         try:
-            outcome = await self._apply(ident, step, undo, lambda: bool(granted))
+            outcome = await self._apply("begin", ident, step, undo, lambda: bool(granted))
         except ConflictError as refusal:
             if refusal.code != "IN_PROGRESS":
                 self._settled(ident)  # not started (any more): nobody needs to wait here
@@ -527,7 +592,11 @@ class Journal:
             )
             return Step(new, _view(ident, new, alive))
 
-        return await self._apply(ident, step)
+        with self._span("complete", ident) as span:
+            view = await self._apply("complete", ident, step)
+            span.set("outcome", "completed")
+            span.set("attempt", view.attempt)
+            return view
 
     async def mark_review(self, identity: IdentityLike, reason: str | None = None) -> RecordView:
         """Say the outcome of a started attempt is uncertain: ``needs_review``."""
@@ -552,7 +621,11 @@ class Journal:
             )
             return Step(new, _view(ident, new, alive))
 
-        return await self._apply(ident, step)
+        with self._span("mark_review", ident) as span:
+            view = await self._apply("mark_review", ident, step)
+            span.set("outcome", "marked")
+            span.set("attempt", view.attempt)
+            return view
 
     async def resolve(
         self,
@@ -622,13 +695,27 @@ class Journal:
             )
             return Step(new, _view(ident, new, alive))
 
-        return await self._apply(ident, step)
+        with self._span("resolve", ident) as span:
+            view = await self._apply("resolve", ident, step)
+            span.set("outcome", "resolved")
+            span.set("status", view.status)
+            span.set("attempt", view.attempt)
+            return view
 
     async def inspect(self, identity: IdentityLike) -> RecordView:
         """The record as it is now (``status == "absent"`` when there is none)."""
         ident = coerce_identity(identity)
         alive = self._store.owner_alive
-        return await self._store.peek(ident, lambda record: _view(ident, record, alive))
+        with self._span("inspect", ident) as span:
+            try:
+                view = await self._store.peek(ident, lambda record: _view(ident, record, alive))
+            except StorageFailed as failure:
+                self._observer.failed("inspect", ident, failure)
+                raise
+            span.set("outcome", "absent" if view.status == "absent" else "found")
+            span.set("status", view.status)
+            span.set("attempt", view.attempt)
+            return view
 
     async def records(
         self,
@@ -657,7 +744,14 @@ class Journal:
             )
         alive = self._store.owner_alive
         batch: list[Record] = []
-        async with contextlib.aclosing(self._store.scan(status=status)) as items:
+        # The store starts after ``after`` itself: a page deep in a large journal reads
+        # no record before it. The checks below stay, cheap, for problems without a key.
+        scan = (
+            self._store.scan(status=status)
+            if after is None
+            else self._store.scan(status=status, after=after)
+        )
+        async with contextlib.aclosing(scan) as items:
             async for item in items:
                 if isinstance(item, (RecordInvalid, StorageFailed)):
                     key = _problem_key(item)
@@ -709,7 +803,28 @@ class Journal:
         if not isinstance(dry_run, bool):
             raise InvalidArgument("dry_run must be True or False", code="INVALID_ARGUMENT")
         cutoff = datetime.now(UTC) - older_than
+        with self._span("prune", None) as span:
+            try:
+                report = await self._prune(cutoff, dry_run)
+            except StorageFailed as failure:
+                self._observer.failed("prune", None, failure)
+                raise
+            removed, problems = len(report.removed), len(report.problems)
+            span.set("outcome", "pruned")
+            span.set("removed", removed)
+            span.set("problems", problems)
+            span.set("dry_run", dry_run)
+        self._observer.summary(
+            "prune",
+            f"prune {'would remove' if dry_run else 'removed'} {removed} records last changed "
+            f"before {cutoff.isoformat(timespec='seconds')}; {problems} problems",
+            removed=removed,
+            problems=problems,
+            dry_run=dry_run,
+        )
+        return report
 
+    async def _prune(self, cutoff: datetime, dry_run: bool) -> PruneReport:
         alive = self._store.owner_alive
 
         def old(record: Record | None) -> bool:
@@ -743,7 +858,7 @@ class Journal:
                         return Step(None, _view(ident, current, alive), delete=True)
 
                     try:
-                        view = await self._apply(ident, step)
+                        view = await self._apply("prune", ident, step)
                     except (RecordInvalid, StorageFailed) as error:
                         problems.append(error)
                         continue
@@ -757,6 +872,17 @@ class Journal:
         Every record must read strictly and be fingerprinted with the location's input
         kind; the store adds its own checks (orphan temp files, its metadata).
         """
+        with self._span("verify", None) as span:
+            try:
+                problems = await self._verify()
+            except StorageFailed as failure:
+                self._observer.failed("verify", None, failure)
+                raise
+            span.set("outcome", "verified")
+            span.set("problems", len(problems))
+            return problems
+
+    async def _verify(self) -> tuple[str, ...]:
         problems: list[str] = []
         kind = await self._store.setting(_INPUT_KIND, self.input_kind)
         async with contextlib.aclosing(self._store.scan()) as items:
@@ -779,6 +905,25 @@ class Journal:
         touched. A record that cannot be read or written is skipped and reported in the
         report's ``problems``; it never stops the sweep.
         """
+        with self._span("sweep", None) as span:
+            try:
+                report = await self._sweep()
+            except StorageFailed as failure:
+                self._observer.failed("sweep", None, failure)
+                raise
+            marked, problems = len(report.marked), len(report.problems)
+            span.set("outcome", "swept")
+            span.set("marked", marked)
+            span.set("problems", problems)
+        self._observer.summary(
+            "sweep",
+            f"sweep marked {marked} records needs_review; {problems} problems",
+            marked=marked,
+            problems=problems,
+        )
+        return report
+
+    async def _sweep(self) -> SweepReport:
         alive = self._store.owner_alive
         marked: list[RecordView] = []
         problems: list[JournalError] = []
@@ -799,7 +944,7 @@ class Journal:
                     return Step(new, None if new is None else _view(ident, new, alive))
 
                 try:
-                    view = await self._apply(ident, step)
+                    view = await self._apply("sweep", ident, step)
                 except (RecordInvalid, StorageFailed) as error:
                     problems.append(error)
                     continue
@@ -846,16 +991,30 @@ class Journal:
         """
         from ._reconcile import reconcile
 
-        return await reconcile(
-            self,
-            check,
-            status=status,
-            scope=scope,
-            program=program,
-            job=job,
-            limit=limit,
+        with self._span("reconcile", None) as span:
+            report = await reconcile(
+                self,
+                check,
+                status=status,
+                scope=scope,
+                program=program,
+                job=job,
+                limit=limit,
+                dry_run=dry_run,
+            )
+            counts = report.counts()
+            span.set("outcome", "reconciled")
+            span.set("dry_run", dry_run)
+            for name, count in counts.items():
+                span.set(name, count)
+        self._observer.summary(
+            "reconcile",
+            f"reconcile{' (dry run)' if dry_run else ''}: "
+            + ", ".join(f"{count} {name}" for name, count in counts.items()),
             dry_run=dry_run,
+            **counts,
         )
+        return report
 
 
 class Attempt:
@@ -975,9 +1134,18 @@ class ClaimContext:
             written.append(new)
             return Step(new, (False, _view(ident, new, alive)))
 
-        outcome, error, cancelled = await _to_the_end(
-            functools.partial(self._journal._apply, ident, settle)
-        )
+        with self._journal._span("claim_exit", ident) as span:
+            outcome, error, cancelled = await _to_the_end(
+                functools.partial(self._journal._apply, "claim_exit", ident, settle)
+            )
+            if outcome is not None:
+                span.set("outcome", "completed" if outcome[0] else "marked")
+                span.set("attempt", outcome[1].attempt)
+            else:
+                assert error is not None
+                span.failed(error)
+            if cancelled is not None:
+                span.set("cancelled", True)
         # A native cancellation that arrived meanwhile goes on, whatever else happened:
         # the task must end cancelled. What the exit did travels with it as a note.
         carrier = cancelled if cancelled is not None else exc
