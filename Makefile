@@ -6,6 +6,8 @@ BIN    := $(VENV)/bin
 DIST_VENV ?= $${TMPDIR:-/tmp}/itemjournal-test-dist
 # Workers for the installed suite (pytest-xdist); 0 runs it in one process.
 DIST_WORKERS ?= 2
+# More pytest arguments for the installed suite (`-m "not slow"`, `-k packaging`).
+DIST_PYTEST_ARGS ?=
 
 .PHONY: demo test lint dist test-dist docs bench bench-quick clean
 
@@ -46,7 +48,7 @@ test-dist: dist
 	"$(DIST_VENV)/bin/python" -m pip install --quiet "$$(ls "$(CURDIR)"/dist/itemjournal-*.whl)[test]"
 	cd "$(DIST_VENV)" && ITEMJOURNAL_TEST_INSTALLED=1 ITEMJOURNAL_TEST_DIST="$(CURDIR)/dist" \
 		./bin/python -m pytest -c "$(CURDIR)/pyproject.toml" --rootdir "$(CURDIR)" \
-		-n $(DIST_WORKERS) "$(CURDIR)/tests"
+		-n $(DIST_WORKERS) $(DIST_PYTEST_ARGS) "$(CURDIR)/tests"
 
 # The documentation site in site/ (mkdocs, strict: any warning fails the build).
 docs: $(BIN)/.installed
