@@ -486,6 +486,10 @@ async def test_a_storage_failure_is_a_503_and_a_bug_a_bare_500(
             "code": "STORAGE_FAILED",
             "message": "cannot list the journal",
         }
+        page = await client.get("/counts")
+        assert page.status_code == 503
+        check_headers(page)
+        monkeypatch.setattr(journal.store, "tally", unreadable)  # what ``/`` counts with
         page = await client.get("/")
         assert page.status_code == 503
         check_headers(page)
@@ -493,7 +497,7 @@ async def test_a_storage_failure_is_a_503_and_a_bug_a_bare_500(
         async def broken() -> dict[str, int]:
             raise RuntimeError("a secret detail")
 
-        monkeypatch.setattr(journal, "counts", broken)
+        monkeypatch.setattr(journal.store, "tally", broken)
         failed = await client.get("/")
         assert failed.status_code == 500
         assert "a secret detail" not in failed.text

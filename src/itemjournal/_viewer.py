@@ -2,18 +2,25 @@
 
 Pages (HTML) and a JSON API for the same:
 
-* ``/`` and ``/api/records``: the counts per status and one page of records, filtered by
-  the GET parameters ``status``, ``scope``, ``program`` and ``job``, paged by key
-  (``after=<key>``, ``limit=1..500``, 50 by default). A page reads ``limit + 1`` records
-  from the journal and never more.
+* ``/`` and ``/api/records``: one page of records, filtered by the GET parameters
+  ``status``, ``scope``, ``program`` and ``job``, paged by key (``after=<key>``,
+  ``limit=1..500``, 50 by default). A page reads ``limit + 1`` records from the journal
+  and never more (the store starts after ``after``). ``/`` also shows the records per
+  status at a cost that does not grow with the journal: what the store counts on its
+  indexes (``Store.tally``: SQLite, PostgreSQL), or, for a store without one (the file
+  store), an exact count when the journal holds at most ``COUNT_LIMIT`` records, and
+  otherwise a link to ``/counts``.
 * ``/records/<scope>/<program>/<job>/<item>`` and ``/api/records/<scope>/…/<item>``: one
   record, its owner (and whether it is alive) and its history. A stored result is
   described by its size only; its content is never served.
-* ``/api/counts``: the number of records per status, and of records that cannot be read.
+* ``/counts`` and ``/api/counts``: the number of records per status, and of records that
+  cannot be read, exactly (``Journal.counts``: every record read strictly, so its time
+  grows with the journal).
 
 Only GET and HEAD are answered; every other method, on every path, is refused with 405
 before anything is read. Nothing the viewer serves can change a record: it calls only
-``Journal.records``, ``Journal.counts`` and ``Journal.inspect``.
+``Journal.records``, ``Journal.counts``, ``Journal.inspect`` and the store's ``tally``
+and ``scan``, which read.
 
 Every response carries a strict ``Content-Security-Policy`` (no scripts at all; the
 stylesheet is a file served by the app), ``X-Content-Type-Options: nosniff``,
@@ -69,6 +76,9 @@ __all__ = ["TOKEN_ENV", "create_app", "serve"]
 TOKEN_ENV: Final = "ITEMJOURNAL_VIEWER_TOKEN"
 PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
+# At most this many records are read to count them on ``/`` when the store has no
+# ``tally`` (the file store): a few tens of milliseconds; beyond it, ``/counts`` counts.
+COUNT_LIMIT: Final = 1000
 ALLOWED_METHODS: Final = ("GET", "HEAD")
 
 SECURITY_HEADERS: Final = (
@@ -110,7 +120,15 @@ def _read_package_files() -> tuple[dict[str, str], bytes, bytes]:
     """The templates and the stylesheet, read once when the module is imported (so no
     request ever touches the disk for them)."""
     folder = resources.files("itemjournal") / "_viewer_templates"
-    names = ("base.html", "index.html", "detail.html", "invalid.html", "error.html")
+    names = (
+        "base.html",
+        "index.html",
+        "counts.html",
+        "counts_nav.html",
+        "detail.html",
+        "invalid.html",
+        "error.html",
+    )
     templates = {name: (folder / name).read_text(encoding="utf-8") for name in names}
     return templates, (folder / "viewer.css").read_bytes(), (folder / "favicon.svg").read_bytes()
 
@@ -296,6 +314,15 @@ class _Row:
 class _Page:
     rows: list[_Row] = field(default_factory=list)
     next_after: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Counts:
+    """What ``/`` shows of the counts: exact, from the store's indexes, or none (more
+    records than ``COUNT_LIMIT`` in a store that can only count them by reading them)."""
+
+    counts: dict[str, int] | None
+    exact: bool
 
 
 # --------------------------------------------------------------------------- responses
@@ -543,19 +570,42 @@ class _Viewer:
             page.next_after = next((row.key for row in reversed(page.rows) if row.key), None)
         return page
 
+    async def _page_counts(self) -> _Counts:
+        """The counts ``/`` shows, at a cost that does not grow with the journal."""
+        store = self._journal().store
+        tally = await store.tally()
+        if tally is not None:
+            return _Counts(tally.counts, tally.exact)
+        counted = dict.fromkeys((*STATUSES, "invalid"), 0)
+        seen = 0
+        async with contextlib.aclosing(store.scan()) as items:
+            async for item in items:
+                seen += 1
+                if seen > COUNT_LIMIT:
+                    return _Counts(None, exact=False)
+                if isinstance(item, (RecordInvalid, StorageFailed)):
+                    counted["invalid"] += 1
+                else:
+                    counted[item.status] += 1
+        return _Counts(counted, exact=True)
+
     async def index(self, request: Request) -> Response:
         query = _parse_query(request)
-        counts = await self._journal().counts()
+        counts = await self._page_counts()
         page = await self._page(request, query)
         index_url = request.url_for("index").path
         json_url = request.url_for("api_records").path
         own = query.parameters(after=query.after)
         context = self._page_context(request)
+        numbers = counts.counts
         context.update(
             query=query,
             statuses=STATUSES,
-            counts=list(counts.items()),
-            total=sum(counts.values()),
+            counts=None if numbers is None else list(numbers.items()),
+            counts_exact=counts.exact,
+            count_limit=COUNT_LIMIT,
+            counts_url=request.url_for("counts").path,
+            total=None if numbers is None else sum(numbers.values()),
             rows=page.rows,
             first_url=f"{index_url}?{query.parameters()}" if query.parameters() else index_url,
             next_url=None
@@ -580,6 +630,17 @@ class _Viewer:
     async def api_counts(self, request: Request) -> Response:
         counts = await self._journal().counts()
         return JSONResponse({"counts": counts, "total": sum(counts.values())})
+
+    async def counts(self, request: Request) -> Response:
+        counts = await self._journal().counts()
+        context = self._page_context(request)
+        context.update(
+            statuses=STATUSES,
+            counts=list(counts.items()),
+            total=sum(counts.values()),
+            json_url=request.url_for("api_counts").path,
+        )
+        return HTMLResponse(_TEMPLATES["counts.html"].render(context))
 
     async def _inspect(self, request: Request) -> tuple[Identity, RecordView | RecordInvalid]:
         params = request.path_params
@@ -680,6 +741,7 @@ def create_app(
     routes = [
         Route("/", viewer.guarded(viewer.index), name="index"),
         Route("/records" + label, viewer.guarded(viewer.record), name="record"),
+        Route("/counts", viewer.guarded(viewer.counts), name="counts"),
         Route("/api/counts", viewer.guarded(viewer.api_counts), name="api_counts"),
         Route("/api/records", viewer.guarded(viewer.api_records), name="api_records"),
         Route("/api/records" + label, viewer.guarded(viewer.api_record), name="api_record"),
