@@ -78,7 +78,7 @@ PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
 # At most this many records are read to count them on ``/`` when the store has no
 # ``tally`` (the file store): a few tens of milliseconds; beyond it, ``/counts`` counts.
-COUNT_LIMIT: Final = 1000
+COUNT_LIMIT: Final = 500
 ALLOWED_METHODS: Final = ("GET", "HEAD")
 
 SECURITY_HEADERS: Final = (
