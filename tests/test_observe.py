@@ -20,7 +20,6 @@ from itemjournal import (
     Claim,
     ConflictError,
     FileStore,
-    FileSystem,
     Identity,
     Journal,
     JournalStatistics,
@@ -304,10 +303,12 @@ async def test_refused_completions_and_resolutions_are_logged(
     assert journal.statistics().refusals == 0  # only begin's refusals are counted
 
 
-class GatedSync(FileSystem):
-    """Each armed fsync waits until the test lets it go, so a cancel lands mid-save."""
+class GatedSync(FaultyFileSystem):
+    """Each armed fsync waits until the test lets it go, so a cancel lands mid-save; the
+    faults of a ``FaultyFileSystem`` can be armed too."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.entered = threading.Event()
         self.proceed = threading.Event()
         self.armed = False
@@ -349,6 +350,62 @@ async def test_a_claim_taken_back_after_a_cancelled_begin(
         assert fields(withdrawn)["event"] == "withdrawn"
         assert (fields(withdrawn)["previous"], fields(withdrawn)["status"]) == ("started", "absent")
         assert journal.statistics() == JournalStatistics()  # never handed out: not a claim
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_claim_that_cannot_be_taken_back_is_a_storage_failure(
+    anyio_backend: str, root: Path, logged: pytest.LogCaptureFixture
+) -> None:
+    fs = GatedSync()
+    store = FileStore(str(root), fs=fs)
+    await store.open()
+    async with Journal(store) as journal:
+        fs.fail("unlink", path=store.path_for(ident("stuck")), times=-1)
+        await cancel_a_begin_mid_save(journal, fs, ident("stuck"))
+        fs.heal()
+        [failed] = ours(logged.records)
+        assert failed.levelno == logging.WARNING
+        assert fields(failed) == {
+            "event": "storage_failed",
+            "operation": "undo",
+            "code": "STORAGE_FAILED",
+            "identity": label("stuck"),
+            "key": fields(failed)["key"],
+        }
+        assert journal.statistics().storage_failures == 1
+
+
+async def test_every_operation_on_a_closed_store_is_a_storage_failure(
+    anyio_backend: str, logged: pytest.LogCaptureFixture
+) -> None:
+    journal = Journal(MemoryStore())
+    await journal.aclose()
+    with pytest.raises(StorageFailed):
+        await journal.begin(ident("z"), INPUTS, DEFINITION)
+    with pytest.raises(StorageFailed):
+        await journal.inspect(ident("z"))
+    with pytest.raises(StorageFailed):
+        await journal.sweep()
+    with pytest.raises(StorageFailed):
+        await journal.prune(timedelta(days=1))
+    with pytest.raises(StorageFailed):
+        await journal.verify()
+    assert [
+        (record.levelname, fields(record)["operation"], fields(record).get("identity"))
+        for record in ours(logged.records)
+    ] == [
+        ("WARNING", "begin", label("z")),
+        ("WARNING", "inspect", label("z")),
+        ("WARNING", "sweep", None),
+        ("WARNING", "prune", None),
+        ("WARNING", "verify", None),
+    ]
+    assert ours(logged.records)[2].getMessage().startswith("sweep failed: MemoryStore(")
+    logged.set_level(logging.ERROR, logger="itemjournal")
+    with pytest.raises(StorageFailed):
+        await journal.sweep()
+    assert len(ours(logged.records)) == 5
+    assert journal.statistics() == JournalStatistics(storage_failures=6)
 
 
 async def test_a_storage_failure_is_counted_and_logged(

@@ -434,7 +434,10 @@ class Journal:
         limit = _check_wait(wait)
         with self._span("begin", ident) as span:
             try:
-                outcome = await self._begin_waiting(ident, input_hash, definition_hash, limit)
+                if limit is None:
+                    outcome = await self._begin(ident, input_hash, definition_hash)
+                else:
+                    outcome = await self._begin_waiting(ident, input_hash, definition_hash, limit)
             except ConflictError as refusal:
                 self._observer.refused("begin", ident, refusal)
                 raise
@@ -448,10 +451,10 @@ class Journal:
             return outcome
 
     async def _begin_waiting(
-        self, ident: Identity, input_hash: str, definition_hash: str, limit: float | None
+        self, ident: Identity, input_hash: str, definition_hash: str, limit: float
     ) -> Claim | Reuse:
-        if limit is None:
-            return await self._begin(ident, input_hash, definition_hash)
+        """``_begin``, again and again while the record is ``IN_PROGRESS``, for at most
+        ``limit`` seconds."""
         deadline = anyio.current_time() + limit
         delay = _FIRST_POLL
         while True:

@@ -16,11 +16,13 @@ from itemjournal import (
     ConflictError,
     Identity,
     Journal,
+    JournalStatistics,
     RecordView,
     Reuse,
     definition_digest,
     once,
 )
+from itemjournal.otel import instrument, uninstrument
 
 Receipt = NewType("Receipt", str)
 
@@ -130,3 +132,18 @@ async def with_begin(journal: Journal) -> None:
     view = await journal.inspect(Identity("s", "p", "j", "i"))
     assert_type(view.status, str)
     assert_type(view.result, str | None)
+
+
+async def observed(location: str) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    journal = instrument(await Journal.open(location))  # the global tracer provider
+    assert_type(journal, Journal)
+    instrument(journal, tracer_provider=TracerProvider())
+    instrument(journal, TracerProvider())  # type: ignore[call-arg]
+    statistics = journal.statistics()
+    assert_type(statistics, JournalStatistics)
+    assert_type(statistics.claims, int)
+    assert_type(statistics.in_flight, int)
+    statistics.refusals = 0  # type: ignore[misc]
+    uninstrument(journal)
