@@ -110,6 +110,11 @@ BAD_DOCUMENTS = {
     "not utf-8": b'{"version": "\xff"}',
     "NaN constant": mutate({"attempt": float("nan")}),
     "duplicate key": encode_record(started()).replace(b'"version"', b'"version": 1, "version"', 1),
+    "duplicate owner key": encode_record(started()).replace(b'"pid"', b'"pid": 1, "pid"', 1),
+    "duplicate key, same value": encode_record(started()).replace(
+        b'"version": 1', b'"version": 1, "version": 1', 1
+    ),
+    "byte order mark": b"\xef\xbb\xbf" + encode_record(started()),
     "unknown field": mutate({"extra": 1}),
     "missing field": mutate(drop="claim_id"),
     "wrong version": mutate({"version": 2}),

@@ -253,7 +253,7 @@ def encode_record(record: Record) -> bytes:
     if record.result is not None:
         document["result"] = record.result
     # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
-    text = json.dumps(document, ensure_ascii=False, sort_keys=True)
+    text = _ENCODER.encode(document)
     try:
         data = (text + "\n").encode("utf-8")
         again = _decode(data, record.identity)
@@ -276,16 +276,24 @@ class _Bad(Exception):
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Bad(f"duplicate key {key!r}")
-        result[key] = value
+    result = dict(pairs)  # built in C; a repeated key leaves it shorter than the pairs
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Bad(f"duplicate key {key!r}")
+            seen.add(key)
     return result
 
 
 def _constant(name: str) -> Any:
     raise _Bad(f"non-standard JSON constant {name}")
+
+
+# Made once: ``json.dumps`` and ``json.loads`` with options build a new encoder or decoder
+# on every call, a few microseconds of every write and every read.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
 
 
 def _str(value: Any, what: str, pattern: re.Pattern[str] | None = None) -> str:
@@ -347,7 +355,9 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
     except UnicodeDecodeError as error:
         raise _Bad("record is not UTF-8") from error
     try:
-        raw = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant)
+        if text.startswith("\ufeff"):  # what ``json.loads`` refuses before decoding
+            raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
+        raw = _DECODER.decode(text)
     except (ValueError, RecursionError) as error:
         raise _Bad(f"record is not valid JSON ({error})") from error
     if type(raw) is not dict:
