@@ -29,6 +29,7 @@ def test_public_names_of_the_contract() -> None:
         "Reuse",
         "RecordView",
         "JournalError",
+        "JournalStatistics",
         "UnresolvedClaim",
         "input_digest",
         "definition_digest",
