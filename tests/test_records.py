@@ -136,6 +136,8 @@ BAD_DOCUMENTS = {
     "attempt zero": mutate({"attempt": 0}),
     "attempt str": mutate({"attempt": "1"}),
     "bad time": mutate({"created_at": "yesterday"}),
+    "impossible date": mutate({"created_at": "2025-02-30T00:00:00.000000+00:00"}),
+    "time not str": mutate({"updated_at": ["2025-01-01T00:00:00.000000+00:00"]}),
     "started without owner": mutate({"owner": None}),
     "owner fields": mutate({"owner": {"host": "h", "pid": 1, "started_at": ""}}),
     "owner pid": mutate({"owner": {"host": "h", "pid": -1, "started_at": "", "process": ""}}),

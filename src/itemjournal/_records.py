@@ -310,12 +310,24 @@ def _int(value: Any, what: str, minimum: int) -> int:
     return value
 
 
+# Times already found well formed and real, by their exact text: a record repeats its
+# times (created_at is its first event's, updated_at its last's) and every write of it
+# checks its whole history again. Bounded; plain dict operations, safe across threads.
+_GOOD_TIMES: dict[str, None] = {}
+_GOOD_TIMES_LIMIT = 4096
+
+
 def _time(value: Any, what: str) -> str:
+    if type(value) is str and value in _GOOD_TIMES:
+        return value
     text = _str(value, what, _TIME)
     try:
         datetime.fromisoformat(text)
     except ValueError:
         raise _Bad(f"{what} is not a real time") from None
+    if len(_GOOD_TIMES) >= _GOOD_TIMES_LIMIT:
+        _GOOD_TIMES.clear()
+    _GOOD_TIMES[text] = None
     return text
 
 
@@ -371,7 +383,7 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
     if type(version) is not int or version not in (VERSION, RESULT_VERSION):
         raise _Bad(f"record version {version!r} is not {VERSION} or {RESULT_VERSION}")
     keys = _KEYS if version == VERSION else _RESULT_KEYS
-    if set(raw) != keys:
+    if raw.keys() != keys:  # compared as sets, without building one
         missing = sorted(keys - set(raw))
         unknown = sorted(set(raw) - keys)
         raise _Bad(f"record fields wrong (missing {missing}, unknown {unknown})")
@@ -402,7 +414,9 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
     if owner_raw is None:
         owner = None
     else:
-        if type(owner_raw) is not dict or set(owner_raw) not in (_OWNER_KEYS, _SESSION_OWNER_KEYS):
+        if type(owner_raw) is not dict or (
+            owner_raw.keys() != _OWNER_KEYS and owner_raw.keys() != _SESSION_OWNER_KEYS
+        ):
             raise _Bad("owner is malformed")
         owner = Owner(
             host=_str(owner_raw["host"], "owner host"),
@@ -420,7 +434,7 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
         raise _Bad(f"history is not a list of at most {HISTORY_LIMIT} events")
     history = []
     for entry in history_raw:
-        if type(entry) is not dict or set(entry) != _EVENT_KEYS:
+        if type(entry) is not dict or entry.keys() != _EVENT_KEYS:
             raise _Bad("history entry is malformed")
         if entry["event"] not in EVENTS or entry["status"] not in STATUSES:
             raise _Bad("history entry names an unknown event or status")
