@@ -1483,3 +1483,44 @@ def test_serve_when_the_viewer_extra_is_missing(loc: str, monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "jinja2", None)
     line = one_error(invoke("-L", loc, "serve"), "VIEWER_UNAVAILABLE", 1)
     assert "pip install 'itemjournal[viewer]'" in line
+
+
+# ------------------------------------------------------------------------- log records
+
+
+def test_a_real_process_prints_its_own_lines_and_no_log_records(kind: str, tmp_path: Path) -> None:
+    """The journal logs a record going to ``needs_review`` at WARNING; without logging
+    set up, Python would print it to stderr after the command's own line. The command
+    says what it did once."""
+    location = location_of(kind, tmp_path)
+    seed(location)
+    done = process(
+        [sys.executable, "-m", "itemjournal"], "-L", location, "review", *ORDER_4, "--reason", "r"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("marked shop/billing/charge/order-4 needs_review")
+    assert done.stderr == ""
+    swept = process([sys.executable, "-m", "itemjournal"], "-L", location, "sweep")
+    assert swept.returncode == 0, swept.stderr
+    assert swept.stderr == ""
+
+
+def test_verbose_shows_the_journal_s_log_records_on_stderr(kind: str, tmp_path: Path) -> None:
+    location = location_of(kind, tmp_path)
+    seed(location)
+    command = [sys.executable, "-m", "itemjournal"]
+    done = process(command, "-v", "-L", location, "review", *ORDER_4, "--reason", "stuck")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("marked shop/billing/charge/order-4 needs_review")
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "WARNING" in lines[0]
+    assert "shop/billing/charge/order-4" in lines[0]
+    assert SECRET not in done.stderr
+    # -vv adds the routine DEBUG records, and still never an input.
+    debug = process(
+        command, "-vv", "-L", location, "resolve", *ORDER_4, "--receipt", "ch_4", "--note", "n"
+    )
+    assert debug.returncode == 0, debug.stderr
+    assert "INFO itemjournal: resolved shop/billing/charge/order-4" in debug.stderr
+    assert SECRET not in debug.stderr

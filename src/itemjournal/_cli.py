@@ -62,6 +62,7 @@ import functools
 import importlib
 import ipaddress
 import json
+import logging
 import os
 import re
 import sys
@@ -820,10 +821,20 @@ def _identity_args(function: Callable[..., Any]) -> Callable[..., Any]:
     default=False,
     help="Accept a location others can write to (only if every such user is trusted).",
 )
+@click.option(
+    "-v",
+    "--verbose",
+    count=True,
+    help="Also print the journal's log records on stderr: -v from INFO, -vv from DEBUG.",
+)
 @click.version_option(package_name="itemjournal", prog_name="itemjournal")
 @click.pass_context
 def cli(
-    ctx: click.Context, location: str | None, input_key_file: str | None, trust_shared_root: bool
+    ctx: click.Context,
+    location: str | None,
+    input_key_file: str | None,
+    trust_shared_root: bool,
+    verbose: int,
 ) -> None:
     """Look at an itemjournal journal and decide what is stuck.
 
@@ -835,6 +846,41 @@ def cli(
     Exit codes: 0 fine, 1 problems found, 2 bad usage or input.
     """
     ctx.obj = _GroupOptions(location, input_key_file, trust_shared_root)
+    ctx.call_on_close(_show_log_records(verbose))
+
+
+def _show_log_records(verbosity: int) -> Callable[[], None]:
+    """Route the journal's own log records for one command; return what undoes it.
+
+    Every write the command makes is also a record on the ``itemjournal`` logger, and a
+    record going to ``needs_review`` is a WARNING, which Python prints on stderr when
+    nothing set logging up: the command would say what it did twice. So the command's
+    own lines are the output, and the journal's records are shown only when asked for.
+    The filter sits on the ``itemjournal`` logger itself, so it holds back the journal's
+    events and never the records of its children (``itemjournal.viewer`` under ``serve``).
+    """
+    logger = logging.getLogger("itemjournal")
+    threshold = {0: logging.CRITICAL + 1, 1: logging.INFO}.get(verbosity, logging.DEBUG)
+
+    def shown(record: logging.LogRecord) -> bool:
+        return record.levelno >= threshold
+
+    level = logger.level
+    logger.addFilter(shown)
+    handler: logging.Handler | None = None
+    if verbosity:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(threshold)
+
+    def undo() -> None:
+        logger.removeFilter(shown)
+        if handler is not None:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+
+    return undo
 
 
 # -------------------------------------------------------------------------------- list
