@@ -32,7 +32,7 @@ test: $(BIN)/.installed lint
 
 # The sdist and the wheel in dist/, then the packaging tests on exactly those files.
 dist: $(BIN)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[test,lint,dist]'
+	$(BIN)/python -m pip install --quiet -e '.[dist]'
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 	ITEMJOURNAL_TEST_DIST="$(CURDIR)/dist" $(BIN)/python -m pytest -q tests/test_packaging.py
@@ -52,7 +52,7 @@ test-dist: dist
 
 # The documentation site in site/ (mkdocs, strict: any warning fails the build).
 docs: $(BIN)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[test,lint,docs]'
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
 	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(BIN)/.installed
