@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _builders import started_record
 
-from itemjournal import Identity, Journal, RecordInvalid, definition_digest
+from itemjournal import Identity, Journal, RecordInvalid, _records, definition_digest
 from itemjournal._records import (
     HISTORY_LIMIT,
     MAX_RECORD_BYTES,
@@ -231,3 +232,23 @@ async def test_record_copied_to_another_identity_is_invalid(
     with pytest.raises(RecordInvalid):
         await journal.begin(IDENTITY, {}, DEFINITION)
     assert target.read_bytes() == source.read_bytes()
+
+
+def test_what_was_checked_before_does_not_let_a_bad_value_through() -> None:
+    """Checked labels, hashes and times are remembered (bounded); a value that does not
+    match is refused however many good ones were seen, and the memory stays bounded."""
+    record = started()
+    for n in range(_records._MATCHED_LIMIT + 10):
+        hashed = f"{n:064x}"
+        assert read_back(encode_record(replace(record, input_hash=hashed))).input_hash == hashed
+    assert all(len(seen) <= _records._MATCHED_LIMIT for seen in _records._MATCHED.values())
+    good = document(record)
+    for field, bad in (
+        ("input_hash", good["input_hash"].upper()),
+        ("claim_id", good["claim_id"] + "0"),
+        ("identity", [*good["identity"][:3], good["identity"][3] + "/"]),
+        ("created_at", good["created_at"].replace("T", " ")),
+    ):
+        spoiled = dict(good, **{field: bad})
+        with pytest.raises(RecordInvalid):
+            read_back(json.dumps(spoiled, sort_keys=True).encode(), IDENTITY)

@@ -296,10 +296,31 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
 
 
+# Texts already found to match a pattern, per pattern: labels, hashes and claim ids recur
+# (every write of a record repeats them, and a journal's labels are few). Bounded; plain
+# dict operations, safe across threads.
+_MATCHED: dict[re.Pattern[str], dict[str, None]] = {}
+_MATCHED_LIMIT = 4096
+
+
+def _matches(pattern: re.Pattern[str], text: str) -> bool:
+    seen = _MATCHED.get(pattern)
+    if seen is None:
+        seen = _MATCHED.setdefault(pattern, {})
+    if text in seen:
+        return True
+    if pattern.fullmatch(text) is None:
+        return False
+    if len(seen) >= _MATCHED_LIMIT:
+        seen.clear()
+    seen[text] = None
+    return True
+
+
 def _str(value: Any, what: str, pattern: re.Pattern[str] | None = None) -> str:
     if not isinstance(value, str):
         raise _Bad(f"{what} is not a string")
-    if pattern is not None and pattern.fullmatch(value) is None:
+    if pattern is not None and not _matches(pattern, value):
         raise _Bad(f"{what} is malformed")
     return value
 
@@ -391,7 +412,7 @@ def _decode(data: bytes, expected: Identity | str) -> Record:
     if (
         type(identity) is not list
         or len(identity) != 4
-        or not all(isinstance(p, str) and _LABEL.fullmatch(p) for p in identity)
+        or not all(isinstance(p, str) and _matches(_LABEL, p) for p in identity)
     ):
         raise _Bad("identity is not a list of four labels")
     if isinstance(expected, str):
