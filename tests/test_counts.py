@@ -397,3 +397,32 @@ async def test_a_store_that_cannot_be_read_fails_the_first_page(
         assert page.status_code == 503
         assert "cannot read the store" in page.text
         assert (await client.get("/counts")).status_code == 200
+
+
+async def test_a_tally_that_cannot_be_read_is_a_storage_failure(
+    journal: Journal, store_kind: str, place: str | None
+) -> None:
+    """A database whose table was taken away behind the journal's back: ``tally`` says
+    STORAGE_FAILED (and the viewer's first page a 503), it never guesses."""
+    if store_kind not in ("sqlite", "postgres"):
+        pytest.skip("about the database stores")
+    assert place is not None
+    await fill(journal, 4)
+
+    def take_away() -> None:
+        if _pg.is_postgres(place):
+            connection, schema = _pg.connect(place)
+            with connection:
+                connection.execute(f"ALTER TABLE {schema}.records RENAME TO gone")
+            return
+        path = place[len("sqlite://") :]
+        with contextlib.closing(sqlite3.connect(path)) as database, database:
+            database.execute("DROP INDEX itemjournal_records_released")
+
+    await anyio.to_thread.run_sync(take_away)
+    with pytest.raises(StorageFailed) as raised:
+        await journal.store.tally()
+    assert raised.value.code == "STORAGE_FAILED"
+    assert "cannot count the records" in raised.value.message
+    async with client_of(journal) as client:
+        assert (await client.get("/")).status_code == 503
