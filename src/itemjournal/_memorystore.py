@@ -168,6 +168,7 @@ class MemoryStore(ProcessOwners):
             raise InvalidArgument(
                 f"a record document is bytes, not {type(data).__name__}", code="INVALID_ARGUMENT"
             )
+        self._told.pop(digest, None)  # read again by the next ``tally``
         if data is None:
             self._documents.pop(digest, None)
         else:
@@ -193,6 +194,7 @@ class MemoryStore(ProcessOwners):
             decision: Step[T] = step(current)
             if decision.delete:
                 self._documents.pop(digest, None)
+                self._told.pop(digest, None)
                 return decision.answer
             if decision.write is None:
                 return decision.answer
