@@ -21,8 +21,8 @@ demo: $(BIN)/.installed
 	$(BIN)/python examples/demo.py --root "$(CURDIR)/demo-journal"
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples docs/_ext
+	$(BIN)/ruff format --check src tests benchmarks examples docs/_ext
 	$(BIN)/mypy
 	$(BIN)/mypy --strict tests/typing/user_code.py
 	$(BIN)/pyright tests/typing/user_code.py
