@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -124,6 +125,39 @@ def lock_is_free(path: Path) -> bool:
         os.close(fd)
 
 
+_ACK = re.compile(r"(claimed|completed|reviewed) (\d+) (\d+)\n")
+
+
+def acknowledged(text: str) -> list[tuple[str, str, str]]:
+    """The acknowledgements in the children's log, each a whole line.
+
+    A child writes one line per acknowledged operation. A SIGKILL can land inside that
+    write and leave part of the line without its newline; the next child's first line
+    ("open N -") then continues it. Such a torn line, or a torn last line, is no
+    acknowledgement (the child died before saying it), and anything else must be whole.
+    """
+    acks: list[tuple[str, str, str]] = []
+    for line in text.splitlines(keepends=True):
+        _, opened, _ = line.partition("open ")
+        if opened or not line.endswith("\n"):
+            continue
+        match = _ACK.fullmatch(line)
+        assert match is not None, f"a log line that is neither whole nor torn: {line!r}"
+        acks.append((match[1], match[2], match[3]))
+    return acks
+
+
+def test_torn_acknowledgements_are_not_counted() -> None:
+    text = "open 0 -\nclaimed 0 0\ncompleted 0 0\nclaimed 0 1open 1 -\nclaimed 1 0\nclaim"
+    assert acknowledged(text) == [
+        ("claimed", "0", "0"),
+        ("completed", "0", "0"),
+        ("claimed", "1", "0"),
+    ]
+    with pytest.raises(AssertionError, match="neither whole nor torn"):
+        acknowledged("claimed 0 0 0\n")
+
+
 @pytest.mark.slow
 async def test_sigkill_at_random_moments(
     location: str, root: Path, store_kind: str, anyio_backend: str
@@ -164,7 +198,7 @@ async def test_sigkill_at_random_moments(
     records = await every_record_valid(journal)
 
     # Every acknowledged operation survived...
-    acks = [line.split() for line in log.read_text().splitlines() if not line.startswith("open")]
+    acks = acknowledged(log.read_text())
     last_claim: dict[str, int] = {}
     for event, seed, n in acks:
         view = await journal.inspect(("mp", "churn", f"s{seed}", f"n{n}"))
