@@ -1,19 +1,22 @@
 """Platforms: Linux is supported; macOS syncs through the drive's cache; Windows is refused
-at ``open`` with an error that says why."""
+at import and at ``open``, with an error that says why."""
 
 from __future__ import annotations
 
 import errno
 import os
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import pytest
 
 from itemjournal import FileSystem, Journal, JournalError, StorageFailed
 from itemjournal._fileio import full_fsync, plain_fsync, sync_for
 from itemjournal._locations import check_platform
+from itemjournal._sqlitestore import SQLiteStore, sync_pragmas
 
 
 @pytest.mark.parametrize("platform", ["win32", "cygwin", "msys"])
@@ -106,3 +109,56 @@ def test_the_file_system_syncs_with_the_platform_call(tmp_path: Path) -> None:
         fs.fsync(fd)
     with pytest.raises(OSError):
         fs.fsync_dir(directory)
+
+
+_AS_ON_WINDOWS = """
+import os, sys
+sys.platform = "win32"
+sys.modules["fcntl"] = None  # Windows has no fcntl module...
+del os.register_at_fork  # ...and no fork
+try:
+    import itemjournal
+except Exception as error:
+    print(type(error).__name__, getattr(error, "code", None), error, sep="|")
+else:
+    print("imported")
+"""
+
+
+def test_importing_on_windows_says_why_before_anything_fails() -> None:
+    """Native Windows lacks ``fcntl`` and fork, which the stores' modules use as they are
+    imported: the refusal must come first, as the clear error, not an ImportError."""
+    done = subprocess.run(
+        [sys.executable, "-c", _AS_ON_WINDOWS], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    name, code, message = done.stdout.strip().split("|")
+    assert (name, code) == ("StorageFailed", "STORAGE_FAILED")
+    assert "does not run on Windows" in message
+
+
+def test_sqlite_on_macos_commits_and_checkpoints_through_the_drive_cache() -> None:
+    assert sync_pragmas("darwin") == ("PRAGMA fullfsync = ON", "PRAGMA checkpoint_fullfsync = ON")
+    assert sync_pragmas("linux") == ()
+
+
+def test_the_store_s_connections_set_the_platform_s_pragmas(tmp_path: Path) -> None:
+    """Here (Linux) the pragmas stay off, as ``fsync`` reaches the disk; the macOS ones are
+    pragmas this SQLite takes and reads back (a misspelt pragma is silently ignored)."""
+
+    async def made() -> SQLiteStore:
+        async with await Journal.open(f"sqlite://{tmp_path}/j.db") as journal:
+            store = journal.store
+        assert isinstance(store, SQLiteStore)
+        return store
+
+    connection = anyio.run(made)._connect(busy_timeout=1.0)
+    try:
+        assert connection.execute("PRAGMA fullfsync").fetchone()[0] == 0
+        assert connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        for pragma in sync_pragmas("darwin"):
+            connection.execute(pragma)
+        assert connection.execute("PRAGMA fullfsync").fetchone()[0] == 1
+        assert connection.execute("PRAGMA checkpoint_fullfsync").fetchone()[0] == 1
+    finally:
+        connection.close()

@@ -5,6 +5,13 @@ then keeps the receipt you declare, or that the outcome needs review. A rerun
 reuses the receipt, refuses unresolved work and notices changed inputs or code.
 """
 
+# First of all: a platform the journal cannot keep its promise on is refused here, with
+# the reason, before any module that needs fcntl, fork or /proc is imported.
+from ._locations import check_platform as _check_platform
+
+_check_platform()
+
+
 from ._each import EachDone as EachDone
 from ._each import EachFailure as EachFailure
 from ._each import EachReport as EachReport

@@ -33,6 +33,7 @@ import random
 import secrets
 import sqlite3
 import stat
+import sys
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import Any, Final, Generic, NamedTuple, TypeVar
@@ -54,6 +55,19 @@ from ._trust import require_private
 __all__ = ["SQLiteStore"]
 
 T = TypeVar("T")
+
+
+def sync_pragmas(platform: str = sys.platform) -> tuple[str, ...]:
+    """What a connection sets so that a commit is on the disk when it returns.
+
+    On macOS ``fsync`` leaves the data in the drive's own cache; SQLite then needs
+    ``F_FULLFSYNC`` for its commits and for its checkpoints. Elsewhere ``synchronous =
+    FULL`` is enough.
+    """
+    if platform == "darwin":
+        return ("PRAGMA fullfsync = ON", "PRAGMA checkpoint_fullfsync = ON")
+    return ()
+
 
 SCHEMA_VERSION: Final = 2
 APPLICATION: Final = "itemjournal"
@@ -462,6 +476,8 @@ class SQLiteStore(ProcessOwners):
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
             connection.execute("PRAGMA synchronous = FULL")
+            for pragma in sync_pragmas():
+                connection.execute(pragma)
         except sqlite3.Error:
             connection.close()
             raise
