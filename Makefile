@@ -27,8 +27,12 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy --strict tests/typing/user_code.py
 	$(BIN)/pyright tests/typing/user_code.py
 
+# Workers for `make test` (pytest-xdist; 0 runs the suite in one process).
+TEST_WORKERS ?= 2
+
 test: $(BIN)/.installed lint
-	$(BIN)/python -m pytest --cov=itemjournal --cov-report=term-missing --cov-fail-under=95 tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --cov=itemjournal --cov-report=term-missing \
+		--cov-fail-under=95 tests
 
 # The sdist and the wheel in dist/, then the packaging tests on exactly those files.
 dist: $(BIN)/.installed
