@@ -2,17 +2,22 @@
 
 A journal of a few hundred records, most of them old and succeeded or released, is
 copied for each run; ``python -m itemjournal prune`` is started on the copy and killed
-after a random delay. Afterwards the journal verifies clean, every record left reads, and
-the only records missing are old succeeded or released ones. The delays are spread over
-the whole run (stratified), so kills land before, during and after the removals.
+at a random moment. Afterwards the journal verifies clean, every record left reads, and
+the only records missing are old succeeded or released ones. The moments are taken from
+the removals themselves, not from a clock measured once: a few runs are killed before the
+first removal, the others at stratified points of the removals (seen by counting the
+records from outside while the prune runs), so kills land before, during and after them
+however loaded the machine is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,6 +34,7 @@ pytestmark = pytest.mark.slow
 DEFINITION = definition_digest("prune-crash-v1")
 OLD = "2020-01-02T03:04:05.000000+00:00"
 RUNS = 16
+BEFORE = 3  # runs killed before the first removal
 PLAN = {  # status -> how many old records; plus YOUNG recent succeeded ones
     "succeeded": 240,
     "released": 30,
@@ -105,6 +111,23 @@ def _copy(kind: str, template: Path, target: Path) -> None:
         shutil.copytree(template, target / "journal")
 
 
+def _count(kind: str, location: str) -> int:
+    """How many records the journal holds, counted from outside as a prune runs."""
+    if kind == "sqlite":
+        path = location[len("sqlite://") :]
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as reader:
+            (count,) = reader.execute("SELECT count(*) FROM itemjournal_records").fetchone()
+        return int(count)
+    return sum(1 for _ in Path(location).glob("??/*.json"))
+
+
+def _first_removal(kind: str, location: str, child: subprocess.Popen[bytes], total: int) -> float:
+    """Wait until the prune has removed a record (or ended); when that was seen."""
+    while child.poll() is None and _count(kind, location) == total:
+        time.sleep(0.002)
+    return time.monotonic()
+
+
 def _prune(location: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
     return subprocess.Popen(
@@ -142,13 +165,14 @@ def test_prune_killed_at_random_points_leaves_a_valid_journal(
     prunable = {i for i, status in original.items() if status in PRUNABLE and "old-" in i.item}
     kept = set(original) - prunable
 
-    # How long a whole run takes here, and how long before it starts removing.
+    # How long a prune takes here before its first removal, and how long the removals last.
     timing = tmp_path / "timing"
     _copy(kind, root, timing)
     started = time.monotonic()
     child = _prune(_location(kind, timing))
+    first = _first_removal(kind, _location(kind, timing), child, len(original))
     _, stderr = child.communicate(timeout=120)
-    whole = time.monotonic() - started
+    removing = time.monotonic() - first
     assert child.returncode == 0, stderr
     assert set(survey(_location(kind, timing))[0]) == kept
 
@@ -158,9 +182,15 @@ def test_prune_killed_at_random_points_leaves_a_valid_journal(
         target = tmp_path / f"run-{run}"
         _copy(kind, root, target)
         location = _location(kind, target)
-        delay = whole * (run + rng.random()) / RUNS  # one random point in each slice
         child = _prune(location)
-        time.sleep(delay)
+        if run < BEFORE:  # killed while it starts, most likely before any removal
+            delay = (first - started) * rng.random()
+            time.sleep(delay)
+        else:  # one random point in each slice of the removals, and a little past them
+            _first_removal(kind, location, child, len(original))
+            slot = run - BEFORE
+            delay = 1.2 * removing * (slot + rng.random()) / (RUNS - BEFORE)
+            time.sleep(delay)
         child.send_signal(signal.SIGKILL)
         child.communicate(timeout=60)
         records, unreadable, problems = survey(location)
@@ -180,4 +210,5 @@ def test_prune_killed_at_random_points_leaves_a_valid_journal(
             assert set(survey(location)[0]) == kept
 
     # The kills landed before, during and after the removals, not only at one end.
+    print(f"\n{kind}: records removed when killed: {outcomes} of {len(prunable)}")
     assert any(0 < n < len(prunable) for n in outcomes), outcomes
