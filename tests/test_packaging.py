@@ -144,6 +144,8 @@ def test_the_changelog_keeps_a_changelog() -> None:
         assert re.fullmatch(r"\[\d+\.\d+\.\d+\] - \d{4}-\d{2}-\d{2}", heading), heading
     kinds = set(re.findall(r"^### (.*)$", text, re.MULTILINE))
     assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+    # The newest release named there is the version the package says it is.
+    assert versions[1].startswith(f"[{itemjournal.__version__}] - "), versions[1]
 
 
 def test_the_version_lives_in_one_place() -> None:
