@@ -317,6 +317,12 @@ class Sample:
         return math.nan if self.commits is None else self.commits / self.cycles
 
 
+def check_count(found: int, cycles: int, what: str) -> None:
+    """A run counts only when every cycle left its succeeded record behind."""
+    if found != cycles:
+        raise RuntimeError(f"{what}: expected {cycles} succeeded records, found {found}")
+
+
 async def measure(
     cycle: CycleFunction, cycles: int, concurrency: int, *, commits: Callable[[], int] | None = None
 ) -> Sample:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import secrets
@@ -59,8 +58,10 @@ import anyio.to_thread
 import psycopg
 import psycopg_pool
 from _common import (
+    Sample,
     at_least,
     by_round,
+    check_count,
     drive_cycles,
     journal_cycle,
     median,
@@ -80,23 +81,6 @@ CONCURRENCIES = (1, 16, 64)
 GOAL_RATIO = 0.70  # store/bare at concurrency 1 and 16
 GOAL_SCALING = 1.00  # store at 64 / store at 16
 VARIABLES = ("ITEMJOURNAL_BENCH_POSTGRES", "ITEMJOURNAL_TEST_POSTGRES")
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One measured run of one workload at one concurrency."""
-
-    cycles: int
-    seconds: float
-    commits: int | None  # write transactions committed during the run; None: not counted
-
-    @property
-    def rate(self) -> float:
-        return self.cycles / self.seconds if self.seconds > 0 else math.nan
-
-    @property
-    def commits_per_cycle(self) -> float:
-        return math.nan if self.commits is None else self.commits / self.cycles
 
 
 @dataclass(frozen=True)
@@ -166,11 +150,6 @@ def _drop(settings: Settings) -> None:
         connection.execute(f"DROP SCHEMA IF EXISTS {settings.schema} CASCADE")
 
 
-def _check_count(found: int, cycles: int, what: str) -> None:
-    if found != cycles:
-        raise RuntimeError(f"{what}: expected {cycles} succeeded records, found {found}")
-
-
 # ---------------------------------------------------------------------- the store
 
 
@@ -186,8 +165,8 @@ async def run_store(settings: Settings, run: str, cycles: int, concurrency: int)
         seconds = await drive_cycles(cycle, cycles, concurrency)
         commits = store.commits - before
     found = await anyio.to_thread.run_sync(_count, settings, "records")
-    _check_count(found, cycles, "store")
-    return Sample(cycles, seconds, commits)
+    check_count(found, cycles, "store")
+    return Sample(cycles, seconds, commits=commits)
 
 
 # ---------------------------------------------------------------------- the bare loop
@@ -313,8 +292,8 @@ async def run_bare(settings: Settings, run: str, cycles: int, concurrency: int) 
     finally:
         await anyio.to_thread.run_sync(bare.close)
     found = await anyio.to_thread.run_sync(_count, settings, "bare")
-    _check_count(found, cycles, "bare")
-    return Sample(cycles, seconds, commits)
+    check_count(found, cycles, "bare")
+    return Sample(cycles, seconds, commits=commits)
 
 
 RUNNERS: dict[str, Callable[[Settings, str, int, int], Awaitable[Sample]]] = {

@@ -67,9 +67,11 @@ import aiosqlite
 import anyio
 import anyio.to_thread
 from _common import (
+    Sample,
     add_common_arguments,
     at_least,
     by_round,
+    check_count,
     drive_cycles,
     journal_cycle,
     median,
@@ -92,28 +94,6 @@ BUSY_TIMEOUT_MS = 30_000
 
 
 # ---------------------------------------------------------------------- measurement
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One measured run of one workload at one concurrency."""
-
-    cycles: int
-    seconds: float
-    commits: int | None  # write transactions committed during the run; None: not counted
-
-    @property
-    def rate(self) -> float:
-        return self.cycles / self.seconds if self.seconds > 0 else math.nan
-
-    @property
-    def commits_per_cycle(self) -> float:
-        return math.nan if self.commits is None else self.commits / self.cycles
-
-
-def _check_count(found: int, cycles: int, what: str) -> None:
-    if found != cycles:
-        raise RuntimeError(f"{what}: expected {cycles} succeeded records, found {found}")
 
 
 # ---------------------------------------------------------------------- the journal stores
@@ -155,8 +135,8 @@ async def run_sqlite(base: str, cycles: int, concurrency: int) -> Sample:
             seconds = await _journal_cycles(journal, "sqlite", cycles, concurrency)
             commits = store.commits - before
         found = await anyio.to_thread.run_sync(_count_sqlite_succeeded, path)
-        _check_count(found, cycles, "sqlite store")
-        return Sample(cycles, seconds, commits)
+        check_count(found, cycles, "sqlite store")
+        return Sample(cycles, seconds, commits=commits)
 
 
 async def run_file(base: str, cycles: int, concurrency: int) -> Sample:
@@ -165,8 +145,8 @@ async def run_file(base: str, cycles: int, concurrency: int) -> Sample:
         async with await Journal.open(root) as journal:
             seconds = await _journal_cycles(journal, "file", cycles, concurrency)
         found = await anyio.to_thread.run_sync(_count_files, root)
-        _check_count(found, cycles, "file store")
-        return Sample(cycles, seconds, None)
+        check_count(found, cycles, "file store")
+        return Sample(cycles, seconds, commits=None)
 
 
 # ---------------------------------------------------------------------- the aiosqlite peer
@@ -374,10 +354,10 @@ async def run_aiosqlite(base: str, cycles: int, concurrency: int) -> Sample:
                     "SELECT count(*) FROM claims WHERE status = 'succeeded'"
                 )
             )
-            _check_count(int(rows[0][0]), cycles, "aiosqlite peer")
+            check_count(int(rows[0][0]), cycles, "aiosqlite peer")
         finally:
             await peer.aclose()
-        return Sample(cycles, seconds, commits)
+        return Sample(cycles, seconds, commits=commits)
 
 
 WORKLOADS: dict[str, Callable[[str, int, int], Awaitable[Sample]]] = {

@@ -336,6 +336,26 @@ class Journal:
         else:
             del self._busy[identity]
 
+    async def _apply_view(
+        self,
+        operation: str,
+        identity: Identity,
+        step: Callable[[Record | None], Step[RecordView]],
+        outcome: str,
+        *,
+        ends_in_status: bool = False,
+    ) -> RecordView:
+        """``_apply`` of a step that answers the record's view, inside the operation's span,
+        which is given the outcome and the attempt (and the status, for an operation that
+        can end in more than one)."""
+        with self._span(operation, identity) as span:
+            view = await self._apply(operation, identity, step)
+            span.set("outcome", outcome)
+            if ends_in_status:
+                span.set("status", view.status)
+            span.set("attempt", view.attempt)
+            return view
+
     async def _apply(
         self,
         operation: str,
@@ -595,11 +615,7 @@ class Journal:
             )
             return Step(new, _view(ident, new, alive))
 
-        with self._span("complete", ident) as span:
-            view = await self._apply("complete", ident, step)
-            span.set("outcome", "completed")
-            span.set("attempt", view.attempt)
-            return view
+        return await self._apply_view("complete", ident, step, "completed")
 
     async def mark_review(self, identity: IdentityLike, reason: str | None = None) -> RecordView:
         """Say the outcome of a started attempt is uncertain: ``needs_review``."""
@@ -624,11 +640,7 @@ class Journal:
             )
             return Step(new, _view(ident, new, alive))
 
-        with self._span("mark_review", ident) as span:
-            view = await self._apply("mark_review", ident, step)
-            span.set("outcome", "marked")
-            span.set("attempt", view.attempt)
-            return view
+        return await self._apply_view("mark_review", ident, step, "marked")
 
     async def resolve(
         self,
@@ -698,12 +710,7 @@ class Journal:
             )
             return Step(new, _view(ident, new, alive))
 
-        with self._span("resolve", ident) as span:
-            view = await self._apply("resolve", ident, step)
-            span.set("outcome", "resolved")
-            span.set("status", view.status)
-            span.set("attempt", view.attempt)
-            return view
+        return await self._apply_view("resolve", ident, step, "resolved", ends_in_status=True)
 
     async def inspect(self, identity: IdentityLike) -> RecordView:
         """The record as it is now (``status == "absent"`` when there is none)."""

@@ -55,7 +55,7 @@ from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._identity import Identity, identity_digest
 from ._locations import redact
 from ._owner import current_owner, owner_alive
-from ._records import STATUSES, Owner, Record, decode_record, encode_record
+from ._records import STATUSES, Owner, Record, decode_row, encode_record
 from ._store import Step, StepFunction, Tally
 from ._threads import Trips
 
@@ -591,17 +591,7 @@ class PostgresStore:
 
     def _decode(self, digest: object, status: object, document: object) -> Record:
         """The row's record, strictly read; its status column must agree."""
-        location = f"{self.location}#{digest}"
-        if not isinstance(document, bytes):
-            raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
-        record = decode_record(document, str(digest), location=location)
-        if status != record.status:
-            raise RecordInvalid(
-                f"record at {location} has status column {status!r} but document "
-                f"status {record.status!r}",
-                location=location,
-            )
-        return record
+        return decode_row(document, str(digest), status, location=f"{self.location}#{digest}")
 
     def _row_record(self, digest: str, row: Any) -> Record | None:
         return None if row is None else self._decode(digest, row[0], _bytes(row[1]))

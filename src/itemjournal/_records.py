@@ -512,3 +512,18 @@ def decode_record(data: bytes, expected: Identity | str, *, location: str | None
         raise RecordInvalid(f"record{where} is invalid: {error}", location=location) from None
     _remember(data, record)
     return record
+
+
+def decode_row(document: object, digest: str, status: object, *, location: str) -> Record:
+    """The record a database row holds: its document read strictly, and its indexed
+    status column checked against the document's; anything off is ``RECORD_INVALID``."""
+    if not isinstance(document, bytes):
+        raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
+    record = decode_record(document, digest, location=location)
+    if status != record.status:
+        raise RecordInvalid(
+            f"record at {location} has status column {status!r} but document "
+            f"status {record.status!r}",
+            location=location,
+        )
+    return record

@@ -47,7 +47,7 @@ from ._fileio import FileSystem
 from ._identity import Identity, identity_digest
 from ._owner import ProcessOwners
 from ._records import STATUSES as _STATUSES
-from ._records import Record, decode_record, encode_record
+from ._records import Record, decode_row, encode_record
 from ._store import Step, StepFunction, Tally
 from ._threads import run_in_thread
 from ._trust import require_private
@@ -903,16 +903,7 @@ class SQLiteStore(ProcessOwners):
                 f"record at {location} is stored under a key that is not a text digest",
                 location=location,
             )
-        if not isinstance(document, bytes):
-            raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
-        record = decode_record(document, digest, location=location)
-        if status != record.status:
-            raise RecordInvalid(
-                f"record at {location} has status column {status!r} but document "
-                f"status {record.status!r}",
-                location=location,
-            )
-        return record
+        return decode_row(document, digest, status, location=location)
 
     def _read_row(self, digest: object, status: object, document: object) -> Record:
         """The row's record; ``RECORD_INVALID``, or for anything unexpected
