@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from itemjournal import Identity, Owner, definition_digest
 from itemjournal._records import Record
 
 NOW = "2026-11-30T00:00:00.000000+00:00"
 DEFINITION = definition_digest("billing-v1")
 # An exact process name as an owner on another machine would write it.
-ELSEWHERE_PROCESS = "0f3c9a52-6b1e-4d8e-9a4b-2c7d5e1f8a90:4026531836:123456"
+ELSEWHERE_PROCESS = "0f3c9a52-6b1e-4d8e-9a4b-2c7d5e1f8a90:4026531836:4026531834:123456"
 
 
 def started_record(identity: Identity, owner: Owner | None = None) -> Record:
@@ -28,3 +30,22 @@ def started_record(identity: Identity, owner: Owner | None = None) -> Record:
         review_reason=None,
     )
     return record.advance("begin", "started", NOW)
+
+
+def written_long_ago(location: str, seconds: float) -> None:
+    """Move the store's own witness of when each record was written (``Store.ages``)
+    ``seconds`` back, as if every write had landed that long ago by the kernel's clock:
+    the modification times of a file journal's records, ``written_at`` of a SQLite one."""
+    import os
+    import sqlite3
+    import time
+    from pathlib import Path
+
+    if location.startswith("sqlite://"):
+        with contextlib.closing(sqlite3.connect(location.removeprefix("sqlite://"))) as db:
+            db.execute("UPDATE itemjournal_records SET written_at = written_at - ?", (seconds,))
+            db.commit()
+        return
+    then = time.time() - seconds
+    for path in Path(location).glob("??/*.json"):
+        os.utime(path, (then, then), follow_symlinks=False)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -48,6 +49,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         if problem is not None:
             pytest.exit(f"{INSTALLED_VARIABLE}=1: {problem}", returncode=3)
 
+
+# Owners log the boots of their machine (``itemjournal._owner.boot_log_path``); the suite,
+# and every process it starts, keeps a log of its own instead of the machine's.
+os.environ.setdefault(
+    "ITEMJOURNAL_STATE_DIR", tempfile.mkdtemp(prefix="itemjournal-test-state-")
+)
 
 # Calls blockbuster does not watch by itself but that a store makes on every save.
 _EXTRA_BLOCKING = ("open", "fsync", "fdatasync", "fstat", "lstat", "makedirs")

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _builders import written_long_ago
 from click.testing import CliRunner, Result
 
 import itemjournal
@@ -857,6 +858,7 @@ def test_prune_removes_only_old_resolved_records(
     with monkeypatch.context() as patched:
         _patch_clock(patched, OLD)
         seed(location)  # every record of the seed is old
+    written_long_ago(location, 60 * 86400)  # and so the kernel says
     young = Identity("shop", "billing", "charge", "young")
     run_async(_claim_and_complete, location, young)
     preview = invoke("-L", location, "prune", "--older-than", "30d", "--dry-run")
@@ -871,7 +873,8 @@ def test_prune_removes_only_old_resolved_records(
     result = invoke("-L", location, "prune", "--older-than", "30d", "--json")
     assert result.exit_code == 0
     report = json.loads(result.stdout)
-    assert list(report) == ["dry_run", "older_than", "cutoff", "removed", "problems"]
+    assert list(report) == ["dry_run", "older_than", "cutoff", "removed", "problems", "kept"]
+    assert report["kept"] == []
     assert report["dry_run"] is False
     assert report["older_than"] == 30 * 86400
     assert sorted(v["identity"][3] for v in report["removed"]) == ["msg-2", "order-1", "order-2"]

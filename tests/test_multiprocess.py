@@ -231,7 +231,7 @@ async def test_sigkill_at_random_moments(
     for view in swept:
         assert view.status == "needs_review"
         assert view.review_reason == "owner process gone"
-        assert view.history[-1].event == "sweep"
+        assert view.history[-1].event == "sweep"  # a sweep ran, and says so
     assert (await journal.sweep()).marked == ()
     print(
         f"\n{store_kind}: {kills} SIGKILLs: {len(acks)} acknowledgements kept, {records} valid "

@@ -19,6 +19,7 @@ from itemjournal._records import (
     clear_decode_cache,
     decode_record,
     encode_record,
+    parse_process,
 )
 
 pytestmark = pytest.mark.anyio
@@ -66,7 +67,17 @@ def test_document_holds_the_contract_fields() -> None:
 
 
 @pytest.mark.parametrize(
-    "process", ["", f"{BOOT}:4026531836:0", f"{BOOT}:1:{2**64 - 1}", f"{BOOT}:{2**64 - 1}:42"]
+    "process",
+    [
+        "",
+        BOOT,  # the boot alone: the owner could not name its process
+        f"{BOOT}:4026531836:0",  # written before time namespaces were recorded
+        f"{BOOT}:1:{2**64 - 1}",
+        f"{BOOT}:{2**64 - 1}:42",
+        f"{BOOT}:4026531836:4026531834:42",
+        f"{BOOT}:4026531836:0:42",  # a kernel without time namespaces
+        f"{BOOT}:1:{2**64 - 1}:{2**64 - 1}",
+    ],
 )
 def test_owner_process_round_trips(process: str) -> None:
     owner = Owner("host", 42, "2026-11-29T23:00:00.000+00:00", process)
@@ -74,6 +85,13 @@ def test_owner_process_round_trips(process: str) -> None:
     assert json.loads(data)["owner"]["process"] == process
     decoded = read_back(data)
     assert decoded.owner == owner
+
+
+def test_what_an_owner_process_names() -> None:
+    assert parse_process(f"{BOOT}:4026531836:4026531834:42") == (BOOT, 4026531836, 4026531834, 42)
+    assert parse_process(f"{BOOT}:4026531836:42") == (BOOT, 4026531836, None, 42)
+    assert parse_process(BOOT) == (BOOT, None, None, None)
+    assert parse_process("") is None
 
 
 def test_owner_process_defaults_to_unknown() -> None:
@@ -153,7 +171,10 @@ BAD_DOCUMENTS = {
             "upper case": f"{BOOT.upper()}:4026531836:12",
             "no dashes": f"{BOOT.replace('-', '')}:4026531836:12",
             "two parts": f"{BOOT}:4026531836",
-            "four parts": f"{BOOT}:4026531836:12:1",
+            "five parts": f"{BOOT}:4026531836:4026531834:12:1",
+            "time namespace leading zero": f"{BOOT}:4026531836:04026531834:12",
+            "time namespace over 64 bits": f"{BOOT}:4026531836:{2**64}:12",
+            "boot and a colon": f"{BOOT}:",
             "zero namespace": f"{BOOT}:0:12",
             "leading zero": f"{BOOT}:4026531836:012",
             "negative ticks": f"{BOOT}:4026531836:-1",

@@ -1788,6 +1788,7 @@ def prune_command(
             "cutoff": cutoff.isoformat(timespec="seconds"),
             "removed": [_view_json(view) for view in report.removed],
             "problems": [_problem_json(problem) for problem in report.problems],
+            "kept": [_view_json(view) for view in report.kept],
         }
         _write([_dumps(shape, indent=2)])
     else:
@@ -1800,6 +1801,12 @@ def prune_command(
             f"{verb} {len(report.removed)} {noun} last changed before "
             f"{cutoff.strftime('%Y-%m-%d %H:%M:%SZ')}"
         )
+        if report.kept:
+            lines.extend(_view_lines(report.kept, "kept"))
+            lines.append(
+                f"kept {len(report.kept)} that look old to this clock: another clock disagrees "
+                "(a time ahead of this clock, or the store's own clock says written since)"
+            )
         _write(lines)
     return EXIT_PROBLEMS if report.problems else EXIT_OK
 

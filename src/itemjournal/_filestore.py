@@ -41,7 +41,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -52,6 +53,7 @@ from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
+from ._kernelclock import kernel_time
 from ._owner import (
     ProcessOwners,
     current_pid,
@@ -729,6 +731,26 @@ class FileStore(ProcessOwners):
             for item in items:
                 if status is None or not isinstance(item, Record) or item.status == status:
                     yield item
+
+    async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
+        """How long ago each record file was last written, by the kernel: the modification
+        time it stamped when the write landed, against ``kernel_time()`` (``/proc``; no
+        process's clock enters either). One worker trip."""
+        return await self._trip(self._ages_sync, list(identities))
+
+    def _ages_sync(self, identities: list[Identity]) -> list[timedelta | None]:
+        now = kernel_time()
+        ages: list[timedelta | None] = []
+        for identity in identities:
+            digest = identity_digest(identity)
+            path = os.path.join(self.location, digest[:2], f"{digest}.json")
+            try:
+                written = os.stat(path, follow_symlinks=False).st_mtime
+            except OSError:
+                ages.append(None)
+                continue
+            ages.append(None if now is None else timedelta(seconds=now - written))
+        return ages
 
     async def tally(self) -> None:
         """None: the file store keeps no index, so counting its records is a full scan

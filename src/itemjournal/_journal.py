@@ -63,6 +63,9 @@ U = TypeVar("U")
 
 _VIEW_BATCH = 64  # records per worker trip when listings compute views
 _PRUNABLE = ("succeeded", "released")
+# Seconds a store's own clock may be off by (the kernel's whole-second boot time, coarse
+# file times): it keeps a record only when it calls it younger by more than that.
+_WITNESS_SLACK = 2.0
 _KEY = re.compile(r"[0-9a-f]{64}")
 _KEY_IN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 _FIRST_POLL = 0.01  # seconds: the first pause of a waiter polling another process's claim
@@ -127,6 +130,12 @@ async def _views(records: list[Record], alive: Liveness) -> list[RecordView]:
     )
 
 
+def _record_times(record: Record) -> list[datetime]:
+    """Every time a record holds: when it was made, last changed, and each event."""
+    texts = {record.created_at, record.updated_at, *(event.at for event in record.history)}
+    return [datetime.fromisoformat(text) for text in texts]
+
+
 def _check_wait(value: object) -> float | None:
     if value is None:
         return None
@@ -169,6 +178,14 @@ def _check_receipt(value: object) -> str:
         raise InvalidArgument(problem, code="INVALID_RECEIPT")
     assert isinstance(value, str)
     return value
+
+
+def _make_store(location: str, *, lock_timeout: float, trust_shared_root: bool) -> Store:
+    """The store for ``location`` (worker thread). Its owner is named here, before any
+    claim: a process that runs short of file descriptors later still names itself."""
+    store = open_store(location, lock_timeout=lock_timeout, trust_shared_root=trust_shared_root)
+    store.owner()
+    return store
 
 
 class Journal:
@@ -248,7 +265,7 @@ class Journal:
         # A store's module is imported on first use, and imports read files: in a thread.
         store = await run_in_thread(
             functools.partial(
-                open_store,
+                _make_store,
                 text,
                 lock_timeout=float(lock_timeout),
                 trust_shared_root=trust_shared_root,
@@ -502,12 +519,15 @@ class Journal:
         granted: list[tuple[Record | None, str]] = []  # (record before, claim id) per attempt
 
         alive = self._store.owner_alive
+        why = self._store.gone_reason
 
         def step(current: Record | None) -> Step[Claim | Reuse | ConflictError]:
             gone = (
-                current is not None
+                why(current.owner)
+                if current is not None
                 and current.status == "started"
                 and alive(current.owner) is False
+                else None
             )
             new = _refusing(
                 ident,
@@ -812,10 +832,11 @@ class Journal:
             )
         if not isinstance(dry_run, bool):
             raise InvalidArgument("dry_run must be True or False", code="INVALID_ARGUMENT")
-        cutoff = datetime.now(UTC) - older_than
+        now = datetime.now(UTC)
+        cutoff = now - older_than
         with self._span("prune", None) as span:
             try:
-                report = await self._prune(cutoff, dry_run)
+                report = await self._prune(now, older_than, dry_run)
             except StorageFailed as failure:
                 self._observer.failed("prune", None, failure)
                 raise
@@ -834,18 +855,46 @@ class Journal:
         )
         return report
 
-    async def _prune(self, cutoff: datetime, dry_run: bool) -> PruneReport:
+    async def _prune(self, now: datetime, older_than: timedelta, dry_run: bool) -> PruneReport:
         alive = self._store.owner_alive
-
-        def old(record: Record | None) -> bool:
-            return (
-                record is not None
-                and record.status in _PRUNABLE
-                and datetime.fromisoformat(record.updated_at) < cutoff
-            )
-
+        cutoff = now - older_than
         removed: list[RecordView] = []
+        kept: list[Record] = []
         problems: list[JournalError] = []
+
+        async def settle(batch: list[Record]) -> None:
+            """Remove those of ``batch`` the store's own clock calls old too."""
+            ages = await self._store.ages([record.identity for record in batch])
+            old = []
+            for record, age in zip(batch, ages, strict=True):
+                if age is not None and age < older_than - timedelta(seconds=_WITNESS_SLACK):
+                    kept.append(record)
+                else:
+                    old.append(record)
+            if dry_run:
+                removed.extend(await _views(old, alive))
+                return
+            for record in old:
+                ident = record.identity
+
+                def step(
+                    current: Record | None, ident: Identity = ident, seen: Record = record
+                ) -> Step[RecordView | None]:
+                    # Only the very record whose age was judged: a record written since
+                    # (by any clock) is another record, and stays.
+                    if current != seen:
+                        return Step(None, None)
+                    return Step(None, _view(ident, current, alive), delete=True)
+
+                try:
+                    view = await self._apply("prune", ident, step)
+                except (RecordInvalid, StorageFailed) as error:
+                    problems.append(error)
+                    continue
+                if view is not None:
+                    removed.append(view)
+
+        batch: list[Record] = []
         for status in _PRUNABLE:
             async with contextlib.aclosing(self._store.scan(status=status)) as items:
                 async for item in items:
@@ -853,28 +902,20 @@ class Journal:
                         if status == _PRUNABLE[0]:  # each problem once, not once per status
                             problems.append(item)
                         continue
-                    if not old(item):
+                    if item.status not in _PRUNABLE:
                         continue
-                    ident = item.identity
-                    if dry_run:
-                        removed.extend(await _views([item], alive))
+                    times = _record_times(item)
+                    if max(times) > now:  # written by a clock ahead of this one: keep
+                        kept.append(item)
                         continue
-
-                    def step(
-                        current: Record | None, ident: Identity = ident
-                    ) -> Step[RecordView | None]:
-                        if not old(current):  # changed since the scan: keep it
-                            return Step(None, None)
-                        return Step(None, _view(ident, current, alive), delete=True)
-
-                    try:
-                        view = await self._apply("prune", ident, step)
-                    except (RecordInvalid, StorageFailed) as error:
-                        problems.append(error)
+                    if datetime.fromisoformat(item.updated_at) >= cutoff:
                         continue
-                    if view is not None:
-                        removed.append(view)
-        return PruneReport(tuple(removed), tuple(problems))
+                    batch.append(item)
+                    if len(batch) >= _VIEW_BATCH:
+                        await settle(batch)
+                        batch = []
+        await settle(batch)
+        return PruneReport(tuple(removed), tuple(problems), tuple(await _views(kept, alive)))
 
     async def verify(self) -> tuple[str, ...]:
         """Check the whole journal; one line per problem, nothing when all is well.
@@ -935,6 +976,7 @@ class Journal:
 
     async def _sweep(self) -> SweepReport:
         alive = self._store.owner_alive
+        why = self._store.gone_reason
         marked: list[RecordView] = []
         problems: list[JournalError] = []
         async with contextlib.aclosing(self._store.scan(status="started")) as records:
@@ -949,7 +991,11 @@ class Journal:
                 def step(
                     current: Record | None, ident: Identity = ident
                 ) -> Step[RecordView | None]:
-                    gone = current is not None and alive(current.owner) is False
+                    gone = (
+                        why(current.owner)
+                        if current is not None and alive(current.owner) is False
+                        else None
+                    )
                     new = machine.sweep(current, owner_gone=gone, now=utc_now())
                     return Step(new, None if new is None else _view(ident, new, alive))
 

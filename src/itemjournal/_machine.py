@@ -23,14 +23,15 @@ def begin(
     claim_id: str,
     owner: Owner,
     now: str,
-    owner_gone: bool = False,
+    owner_gone: str | None = None,
 ) -> Record | None:
     """A new ``started`` record (a claim), or None when a succeeded record is reused.
 
     On a ``started`` record with the same fingerprints: ``IN_PROGRESS`` while its owner
-    lives or cannot be known; when ``owner_gone`` (the owner is provably dead), the record
-    marked ``needs_review`` exactly as a sweep would, which the caller writes and then
-    refuses with ``REVIEW_REQUIRED`` (see ``refusal_after``).
+    lives or cannot be known; when ``owner_gone`` (the owner is provably dead: why), the
+    record marked ``needs_review`` with that reason under ``begin``'s own event (no sweep
+    ran), which the caller writes and then refuses with ``REVIEW_REQUIRED`` (see
+    ``refusal_after``).
     """
     if current is None or current.status == "released":
         attempt = 1 if current is None else current.attempt + 1
@@ -68,7 +69,8 @@ def begin(
         return None
     if current.status == "started":
         if owner_gone:
-            return sweep(current, owner_gone=True, now=now)
+            reason = owner_gone
+            return current.advance("begin", "needs_review", now, reason, review_reason=reason)
         holder = current.owner
         who = "" if holder is None else f" by pid {holder.pid} on {holder.host}"
         raise ConflictError(
@@ -84,7 +86,7 @@ def begin(
 def refusal_after(marked: Record) -> ConflictError:
     """The refusal ``begin`` raises after writing a dead owner's record as ``needs_review``."""
     return ConflictError(
-        f"attempt {marked.attempt} was started by a process that is gone; it now needs "
+        f"attempt {marked.attempt} was started by an owner that is gone; it now needs "
         f"review ({marked.review_reason}); an operator must resolve it",
         code="REVIEW_REQUIRED",
     )
@@ -142,9 +144,10 @@ def resolve(
     return current.advance("resolve", "released", now, note)
 
 
-def sweep(current: Record | None, *, owner_gone: bool, now: str) -> Record | None:
-    """Mark a started record whose owner process is gone for review; anything else stays."""
+def sweep(current: Record | None, *, owner_gone: str | None, now: str) -> Record | None:
+    """Mark a started record whose owner is gone (``owner_gone``: why) for review;
+    anything else stays."""
     if current is None or current.status != "started" or not owner_gone:
         return None
-    reason = "owner process gone"
+    reason = owner_gone
     return current.advance("sweep", "needs_review", now, reason, review_reason=reason)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import bisect
 import secrets
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import anyio
@@ -138,6 +139,13 @@ class MemoryStore(ProcessOwners):
             page = await self._trip(self._load_sync, digests[start : start + batch], status)
             for item in page:
                 yield item
+
+    async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
+        """None for each: memory has no clock of its own apart from this process's, which
+        is the very clock the journal already judged by."""
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        return [None] * len(identities)
 
     async def tally(self) -> Tally:
         """The records per status and ``invalid``, exactly as a full scan counts them: a

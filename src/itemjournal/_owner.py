@@ -2,36 +2,60 @@
 
 A pid alone names no process: pids are reused, and a pid means something only inside one
 pid namespace (containers that share a hostname each number their own processes) during
-one boot. On Linux three values name a process exactly, and none of them moves while it
+one boot. On Linux these values name a process exactly, and none of them moves while it
 runs:
 
-* the boot id, ``/proc/sys/kernel/random/boot_id``, new at every boot;
+* the boot id, ``/proc/sys/kernel/random/boot_id``, new at every boot of the kernel;
 * the inode of its pid namespace, ``/proc/self/ns/pid``;
+* the inode of its time namespace, ``/proc/self/ns/time`` (``0`` on a kernel without
+  time namespaces): the start ticks a process reads are shifted by the *reader's* time
+  namespace, so two readings compare only within one;
 * its start time in clock ticks after boot, field 22 of ``/proc/<pid>/stat``.
 
 None of them depends on the wall clock. (The boot *time* in ``/proc/stat`` does: it is
 the clock minus the uptime, so it moves when the clock is stepped. It is used only for
 the human-readable ``started_at``, which is never compared.)
 
-These functions read ``/proc`` and must run in a worker thread.
+The judgement (``assess``) answers "gone" only from facts that prove it here:
+
+* the same boot, the same pid namespace, and no process with the pid, or one with another
+  start (read in the same time namespace);
+* the same boot, a pid namespace of which no process of this host is left (provable only
+  from the host's own pid namespace, with permission to look at every process);
+* an earlier boot of *this machine*: the owner's boot id is in this machine's boot log
+  (``boot_log_path``), which every owner appends its boot id to before its first claim.
+  A hostname or ``/etc/machine-id`` proves nothing (containers and clones share them); a
+  boot id this machine logged was this machine's.
+
+Everything else is unknown (None), never gone. These functions read ``/proc`` and must
+run in a worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
+import stat
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Final
 
-from ._records import Owner, parse_process
+from ._records import Owner, ProcessName, parse_process
 
 __all__ = [
+    "GONE_NAMESPACE",
+    "GONE_PROCESS",
+    "GONE_REBOOTED",
     "ProcessKey",
     "ProcessOwners",
+    "assess",
+    "boot_log_path",
     "current_owner",
     "current_pid",
+    "gone_reason",
     "local_process_space",
     "own_process",
     "owner_alive",
@@ -40,12 +64,20 @@ __all__ = [
 ]
 
 ProcessKey = tuple[str, int, int]
-"""A process, exactly: (boot id, pid-namespace inode, start ticks)."""
+"""A process, exactly, within one time namespace: (boot id, pid-namespace inode, ticks)."""
 
 BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
 HIDDEN: Final = -1
 """``start_ticks`` of a process that exists but whose ``/proc`` entry cannot be read."""
 _PID_T_MAX: Final = 2**31 - 1  # larger pids cannot exist, and os.kill would overflow
+INITIAL_PID_NAMESPACE: Final = 0xEFFFFFFC
+"""The inode of the host's own pid namespace (``PROC_PID_INIT_INO``, fixed by the kernel)."""
+STATE_VARIABLE: Final = "ITEMJOURNAL_STATE_DIR"
+_BOOT_LOG_LIMIT: Final = 1024 * 1024  # 37 bytes a boot: tens of thousands of reboots
+
+GONE_PROCESS: Final = "owner process gone"
+GONE_NAMESPACE: Final = "owner's pid namespace gone"
+GONE_REBOOTED: Final = "owner's machine rebooted since"
 
 
 def _read_boot_id() -> str | None:
@@ -63,6 +95,19 @@ def _read_pid_namespace() -> int | None:
         if os.readlink("/proc/self") != str(os.getpid()):
             return None
         inode = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return inode if inode > 0 else None
+
+
+def _read_time_namespace() -> int | None:
+    """The inode of this process's time namespace; 0 on a kernel without them."""
+    try:
+        inode = os.stat("/proc/self/ns/time").st_ino
+    except FileNotFoundError:
+        # No such entry: a kernel before 5.6 has no time namespaces at all, so every
+        # reader sees the same ticks. (Only if /proc itself is there.)
+        return 0 if os.path.isdir("/proc/self/ns") else None
     except OSError:
         return None
     return inode if inode > 0 else None
@@ -86,7 +131,29 @@ def current_pid() -> int:
     return _pid
 
 
-_space: tuple[int, tuple[str, int]] | None = None
+_Space = tuple[str, int, int]  # boot id, pid-namespace inode, time-namespace inode
+_space: tuple[int, _Space] | None = None
+_boot: str | None = None
+
+
+def _boot_id() -> str | None:
+    """This boot's id; remembered once read (a process does not outlive its boot)."""
+    global _boot
+    if _boot is None:
+        _boot = _read_boot_id()
+    return _boot
+
+
+def _local_space() -> _Space | None:
+    global _space
+    pid = _pid
+    if _space is not None and _space[0] == pid:
+        return _space[1]
+    boot, pid_ns, time_ns = _boot_id(), _read_pid_namespace(), _read_time_namespace()
+    if boot is None or pid_ns is None or time_ns is None:
+        return None
+    _space = (pid, (boot, pid_ns, time_ns))
+    return _space[1]
 
 
 def local_process_space() -> tuple[str, int] | None:
@@ -95,15 +162,8 @@ def local_process_space() -> tuple[str, int] | None:
     Only a success is remembered (per pid, so a forked child asks again): a passing
     failure, such as running out of file descriptors, must not stick.
     """
-    global _space
-    pid = _pid
-    if _space is not None and _space[0] == pid:
-        return _space[1]
-    boot, namespace = _read_boot_id(), _read_pid_namespace()
-    if boot is None or namespace is None:
-        return None
-    _space = (pid, (boot, namespace))
-    return _space[1]
+    space = _local_space()
+    return None if space is None else (space[0], space[1])
 
 
 def _exists(pid: int) -> bool:
@@ -143,7 +203,7 @@ def start_ticks(pid: int) -> int | None:
 
 def own_process() -> ProcessKey | None:
     """This process, exactly; None when ``/proc`` cannot say."""
-    space = local_process_space()
+    space = _local_space()
     if space is None:
         return None
     ticks = start_ticks(_pid)
@@ -155,16 +215,18 @@ def own_process() -> ProcessKey | None:
 def process_alive(pid: int, key: ProcessKey | None) -> bool | None:
     """Whether the process ``key`` with ``pid`` still runs; None when this process cannot judge.
 
-    ``key`` None (the process could not name itself): existence of ``pid`` is all there
-    is to go by. Otherwise the answer is None unless ``key`` is of this boot and this pid
-    namespace, which must be known here; then True iff ``pid`` lives with the same start.
+    For the file store's temp files, whose names carry ``key`` (no time namespace): a
+    temp file is removed only when old as well, so a wrong answer costs a failed save at
+    worst, never a record. ``key`` None (the writer could not name itself): existence
+    of ``pid`` is all there is to go by. Otherwise the answer is None unless ``key`` is
+    of this boot and this pid namespace; then True iff ``pid`` lives with the same start.
     """
-    space = local_process_space()
+    space = _local_space()
     if key is None:
         if space is None:
             return _exists(pid)
         return start_ticks(pid) is not None
-    if space is None or (key[0], key[1]) != space:
+    if space is None or (key[0], key[1]) != (space[0], space[1]):
         return None  # another boot or pid namespace, or no /proc here: never "dead"
     ticks = start_ticks(pid)
     if ticks is None:
@@ -172,6 +234,100 @@ def process_alive(pid: int, key: ProcessKey | None) -> bool | None:
     if ticks == HIDDEN:
         return None
     return ticks == key[2]
+
+
+# ---------------------------------------------------------------------- the boot log
+
+
+def boot_log_path() -> Path:
+    """This machine's log of its boot ids: ``$ITEMJOURNAL_STATE_DIR/boots`` when set;
+    else ``/var/lib/itemjournal/boots`` for root, ``$XDG_STATE_HOME/itemjournal/boots``
+    (``~/.local/state``) for anyone else. It must survive reboots and belong to this
+    machine alone (not a network file system, not shared with another host)."""
+    chosen = os.environ.get(STATE_VARIABLE)
+    if chosen:
+        return Path(chosen) / "boots"
+    if os.geteuid() == 0:
+        return Path("/var/lib/itemjournal/boots")
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(state) / "itemjournal" / "boots"
+
+
+def _trusted(fd: int) -> bool:
+    """A boot log is evidence only when no one else could have written it."""
+    info = os.fstat(fd)
+    return (
+        stat.S_ISREG(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _read_boots(path: Path) -> set[str] | None:
+    """The boot ids the log names; None when there is no log this process can trust."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not _trusted(fd):
+            return None
+        data = os.read(fd, _BOOT_LOG_LIMIT)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    boots: set[str] = set()
+    for line in data.decode("ascii", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            if len(line) == 36:  # a torn last line is no boot id
+                boots.add(str(uuid.UUID(line)))
+    return boots
+
+
+_logged: str | None = None  # the boot id this process has seen in the log
+
+
+def _log_boot(boot: str) -> None:
+    """Append ``boot`` to this machine's boot log unless it is there; durable before a
+    record can name it. A failure leaves the log as it was: records of this boot then
+    cannot be proven gone after a reboot (they stay unknown), nothing worse."""
+    global _logged
+    path = boot_log_path()
+    key = f"{path}\n{boot}"
+    if _logged == key:
+        return
+    boots = _read_boots(path)
+    if boots is not None and boot in boots:
+        _logged = key
+        return
+    try:
+        created = not path.parent.is_dir()
+        if created:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(
+            path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        try:
+            if not _trusted(fd):
+                return
+            os.write(fd, f"{boot}\n".encode("ascii"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except OSError:
+        return
+    _logged = key
+
+
+# ---------------------------------------------------------------------- owners
 
 
 def _started_at(ticks: int) -> str:
@@ -196,45 +352,113 @@ _me: tuple[int, Owner] | None = None
 
 
 def current_owner() -> Owner:
-    """This process as an owner (recomputed after a fork).
+    """This process as an owner (recomputed after a fork), its boot logged first.
 
     Only an exactly named owner is remembered: if ``/proc`` failed this time, the next
-    claim asks again rather than going unnamed for the rest of the process's life.
+    claim asks again rather than going unnamed for the rest of the process's life. An
+    owner that cannot name its process but knows its boot records the boot alone, so a
+    reboot can still prove it gone.
     """
     global _me
     pid = _pid
     if _me is not None and _me[0] == pid:
         return _me[1]
-    key = own_process()
-    if key is None:
-        return Owner(host=_host(), pid=pid, started_at="")
-    owner = Owner(_host(), pid, _started_at(key[2]), f"{key[0]}:{key[1]}:{key[2]}")
+    boot = _boot_id()
+    if boot is not None:
+        _log_boot(boot)
+    space = _local_space()
+    ticks = start_ticks(pid) if space is not None else None
+    if space is None or ticks is None or ticks == HIDDEN:
+        return Owner(host=_host(), pid=pid, started_at="", process=boot or "")
+    name = f"{space[0]}:{space[1]}:{space[2]}:{ticks}"
+    owner = Owner(_host(), pid, _started_at(ticks), name)
     _me = (pid, owner)
     return owner
 
 
-def owner_alive(owner: Owner | None) -> bool | None:
-    """True or False for an owner this process can judge; None when elsewhere or unknown.
+def _namespace_gone(inode: int) -> bool:
+    """Whether no process of this host is in the pid namespace ``inode``, provably.
 
-    The host must be this one; an exactly named owner must also be of this boot and pid
-    namespace. ``started_at`` is never compared.
+    Only the host's own pid namespace sees every process; a process whose namespace
+    cannot be read (no permission) leaves the question open.
     """
-    if owner is None or owner.host != _host():
-        return None
-    if not owner.process:
-        return process_alive(owner.pid, None)
-    key = parse_process(owner.process)
-    if key is None:  # not a name any owner writes (the record reader refuses it)
-        return None
-    return process_alive(owner.pid, key)
+    space = _local_space()
+    if space is None or space[1] != INITIAL_PID_NAMESPACE:
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/pid").st_ino == inode:
+                return False
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended meanwhile
+        except OSError:
+            return False  # not ours to look at: cannot prove anything
+    return True
+
+
+def _assess_name(pid: int, name: ProcessName) -> tuple[bool | None, str]:
+    boot = _boot_id()
+    if boot is None:
+        return None, ""
+    if name.boot != boot:
+        boots = _read_boots(boot_log_path())
+        if boots is not None and name.boot in boots:
+            return False, GONE_REBOOTED
+        return None, ""  # another machine's boot, or one this machine cannot vouch for
+    space = _local_space()
+    if name.pid_namespace is None or space is None:
+        return None, ""  # its namespace, or ours, is not known: pids cannot be compared
+    if name.pid_namespace != space[1]:
+        if _namespace_gone(name.pid_namespace):
+            return False, GONE_NAMESPACE
+        return None, ""
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return False, GONE_PROCESS  # no process has the pid in its own namespace
+    if ticks == HIDDEN:
+        return None, ""
+    if name.time_namespace is None or name.time_namespace != space[2]:
+        # Ticks read in another time namespace are shifted: only equality proves anything.
+        return (True, "") if ticks == name.ticks else (None, "")
+    return (True, "") if ticks == name.ticks else (False, GONE_PROCESS)
+
+
+def assess(owner: Owner | None) -> tuple[bool | None, str]:
+    """Whether ``owner`` lives (True, False, or None when this process cannot know), and
+    when it is gone, the reason a person reads. The host name is never compared; nor is
+    ``started_at``. An owner recorded without its process's name is never found gone by
+    its pid: only an earlier boot of this machine proves it gone."""
+    if owner is None or not owner.process:
+        return None, ""
+    name = parse_process(owner.process)
+    if name is None:  # not a name any owner writes (the record reader refuses it)
+        return None, ""
+    return _assess_name(owner.pid, name)
+
+
+def owner_alive(owner: Owner | None) -> bool | None:
+    """True or False for an owner this process can judge; None when elsewhere or unknown."""
+    return assess(owner)[0]
+
+
+def gone_reason(owner: Owner | None) -> str:
+    """Why ``owner`` is judged gone (for a review reason); the generic one if it is not."""
+    alive, reason = assess(owner)
+    return reason if alive is False else GONE_PROCESS
 
 
 class ProcessOwners:
     """Owners as the stores of one host know them: a claim belongs to a process.
 
-    The file, SQLite and in-memory stores take this as their ``owner`` and
-    ``owner_alive``: the owner is this process, and it is alive while a process with its
-    exact name runs on this host (unknown on another host). Call both in a worker thread.
+    The file, SQLite and in-memory stores take this as their ``owner``, ``owner_alive``
+    and ``gone_reason``: the owner is this process, judged by ``assess``. Call them in a
+    worker thread.
     """
 
     __slots__ = ()
@@ -244,3 +468,6 @@ class ProcessOwners:
 
     def owner_alive(self, owner: Owner | None) -> bool | None:
         return owner_alive(owner)
+
+    def gone_reason(self, owner: Owner | None) -> str:
+        return gone_reason(owner)

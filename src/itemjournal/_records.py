@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._errors import RecordInvalid
 from ._identity import Identity, identity_digest
@@ -17,6 +17,7 @@ __all__ = [
     "STATUSES",
     "Event",
     "Owner",
+    "ProcessName",
     "Record",
     "clear_decode_cache",
     "decode_record",
@@ -43,11 +44,12 @@ _KIND = re.compile(r"sha256|hmac-sha256:[0-9a-f]{16}")
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00")
 MAX_INT = 2**63 - 1
-# An owner process, exactly: "<boot id>:<pid-namespace inode>:<start ticks>" (see _owner).
-_PROCESS = re.compile(
-    r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-    r":([1-9][0-9]{0,19}):(0|[1-9][0-9]{0,19})"
-)
+# An owner process (see _owner): "<boot id>:<pid-namespace inode>:<time-namespace inode>:
+# <start ticks>"; before time namespaces were recorded, "<boot id>:<pid ns>:<ticks>"; an
+# owner that could not name its process but knew its boot: "<boot id>" alone.
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_NUMBER = r"(?:0|[1-9][0-9]{0,19})"
+_PROCESS = re.compile(rf"({_UUID})(?::([1-9][0-9]{{0,19}})(?::({_NUMBER}))?:({_NUMBER}))?")
 MAX_U64 = 2**64 - 1
 # A database session that holds a claim (see the PostgreSQL store): "<kind>:<16 hex>".
 _SESSION = re.compile(r"[a-z][a-z0-9]{0,15}:[0-9a-f]{16}")
@@ -105,30 +107,44 @@ def note_problem(note: object, what: str) -> str | None:
     return None
 
 
-def parse_process(text: str) -> tuple[str, int, int] | None:
-    """``(boot id, pid-namespace inode, start ticks)`` of an owner's ``process``, or None.
+class ProcessName(NamedTuple):
+    """What an owner's ``process`` says of it; a part the owner could not read is None."""
 
-    None for anything but the one canonical spelling (lowercase, no leading zeros, each
-    number at most 2**64-1); the empty string (identity unknown) is None too.
+    boot: str
+    pid_namespace: int | None
+    time_namespace: int | None
+    """None in a record written before time namespaces were recorded."""
+    ticks: int | None
+
+
+def parse_process(text: str) -> ProcessName | None:
+    """What an owner's ``process`` names, or None if it is not a name an owner writes.
+
+    None for anything but the canonical spellings (lowercase, no leading zeros, each
+    number at most 2**64-1); the empty string (nothing known) is None too.
     """
     match = _PROCESS.fullmatch(text)
     if match is None:
         return None
-    namespace, ticks = int(match[2]), int(match[3])
-    if namespace > MAX_U64 or ticks > MAX_U64:
+    if match[2] is None:
+        return ProcessName(match[1], None, None, None)
+    namespace, ticks = int(match[2]), int(match[4])
+    time_namespace = None if match[3] is None else int(match[3])
+    if namespace > MAX_U64 or ticks > MAX_U64 or (time_namespace or 0) > MAX_U64:
         return None
-    return match[1], namespace, ticks
+    return ProcessName(match[1], namespace, time_namespace, ticks)
 
 
 @dataclass(frozen=True, slots=True)
 class Owner:
     """The process that holds a started claim.
 
-    ``process`` names it exactly: ``"<boot id>:<pid-namespace inode>:<start ticks>"``
-    (Linux ``/proc``), or ``""`` when the owner could not tell. Liveness compares only
-    that; ``started_at`` (UTC ISO-8601, or ``""``) is for people reading the record and is
-    never compared: it is derived from the wall clock's idea of the boot time, which moves
-    when the clock is stepped.
+    ``process`` names it exactly: ``"<boot id>:<pid-namespace inode>:<time-namespace
+    inode>:<start ticks>"`` (Linux ``/proc``; see ``parse_process`` for the other forms),
+    ``"<boot id>"`` when the owner knew only its boot, ``""`` when it could not tell.
+    Liveness compares only that; ``started_at`` (UTC ISO-8601, or ``""``) is for people
+    reading the record and is never compared: it is derived from the wall clock's idea of
+    the boot time, which moves when the clock is stepped.
     """
 
     host: str

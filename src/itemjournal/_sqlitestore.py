@@ -35,7 +35,8 @@ import sqlite3
 import stat
 import sys
 import threading
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 import anyio
@@ -45,6 +46,7 @@ from ._dirs import make_dirs, sync_dir
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, identity_digest
+from ._kernelclock import kernel_time
 from ._owner import ProcessOwners
 from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_row, encode_record
@@ -69,7 +71,7 @@ def sync_pragmas(platform: str = sys.platform) -> tuple[str, ...]:
     return ()
 
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 APPLICATION: Final = "itemjournal"
 _SETTING_PREFIX: Final = "setting."  # settings share the meta table with the keys above
 
@@ -108,7 +110,8 @@ CREATE TABLE IF NOT EXISTS itemjournal_records (
     id INTEGER PRIMARY KEY,
     digest TEXT NOT NULL,
     status TEXT NOT NULL,
-    document BLOB NOT NULL
+    document BLOB NOT NULL,
+    written_at REAL
 );
 """
 _SCHEMA: Final = (
@@ -139,8 +142,9 @@ _INDEXES: Final = frozenset(
     }
 )
 # Versions this one migrates from (see ``_migrate``): 1 kept the rows in a table keyed
-# by their digest (WITHOUT ROWID).
-_MIGRATES_FROM: Final = frozenset({"1"})
+# by their digest (WITHOUT ROWID); 2 had no ``written_at``, the kernel's time of each
+# row's last write (``ages``).
+_MIGRATES_FROM: Final = frozenset({"1", "2"})
 _ROW: Final = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
 # ``tally``: every status counted from an index, no document read. The rows whose status
 # column is ``succeeded`` (the bulk of a journal) have no index of their own: they are
@@ -408,6 +412,7 @@ class SQLiteStore(ProcessOwners):
         self.busy_timeout = busy_timeout
         self.trust_shared_root = trust_shared_root
         self.commits = 0  # committed write transactions, for tests and benchmarks
+        self._stamp: float | None = None  # the kernel's time as the batch under way began
         self._writer: sqlite3.Connection | None = None
         self._writer_lost = False  # discarded after a failed rollback; reopened on demand
         # Reader connections: a pool that worker trips check out and back in, so that
@@ -600,7 +605,7 @@ class SQLiteStore(ProcessOwners):
                     "SELECT value FROM itemjournal_meta WHERE key = 'schema_version'"
                 ).fetchone()
             if version is not None and version[0] in _MIGRATES_FROM:
-                self._upgrade(connection)
+                self._upgrade(connection, version[0])
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     connection.execute(statement)
@@ -616,29 +621,39 @@ class SQLiteStore(ProcessOwners):
                     connection.execute("ROLLBACK")
             raise
 
-    def _upgrade(self, connection: sqlite3.Connection) -> None:
-        """Rebuild an earlier version's records table as this version's, every row kept
-        as it was (digest, status column and document bytes, readable or not), inside
-        ``_migrate``'s transaction: another process sees the old schema or the new one."""
+    def _upgrade(self, connection: sqlite3.Connection, version: str) -> None:
+        """Bring an earlier version's records table up to this version, every row kept as
+        it was (digest, status column and document bytes, readable or not), inside
+        ``_migrate``'s transaction: another process sees the old schema or the new one.
+
+        Rows written before ``written_at`` existed get the migration's own time: their
+        age counts from now, so ``prune`` cannot remove one sooner than it could before
+        (a clock that was wrong when it was written cannot make it look older)."""
         old = connection.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'itemjournal_records'"
         ).fetchone()
-        if old is None:  # made without its records table: ``_migrate`` creates it
+        if old is not None and version == "2":
+            connection.execute("ALTER TABLE itemjournal_records ADD COLUMN written_at REAL")
+        elif old is not None:
+            connection.execute("DROP TABLE IF EXISTS itemjournal_records_upgrade")
             connection.execute(
-                "UPDATE itemjournal_meta SET value = ? WHERE key = 'schema_version'",
-                (str(SCHEMA_VERSION),),
+                _RECORDS_DDL.replace(
+                    "IF NOT EXISTS itemjournal_records", "itemjournal_records_upgrade"
+                )
             )
-            return
-        connection.execute("DROP TABLE IF EXISTS itemjournal_records_upgrade")
-        connection.execute(
-            _RECORDS_DDL.replace("IF NOT EXISTS itemjournal_records", "itemjournal_records_upgrade")
-        )
-        connection.execute(
-            "INSERT INTO itemjournal_records_upgrade (digest, status, document) "
-            "SELECT digest, status, document FROM itemjournal_records"
-        )
-        connection.execute("DROP TABLE itemjournal_records")  # and its indexes
-        connection.execute("ALTER TABLE itemjournal_records_upgrade RENAME TO itemjournal_records")
+            connection.execute(
+                "INSERT INTO itemjournal_records_upgrade (digest, status, document) "
+                "SELECT digest, status, document FROM itemjournal_records"
+            )
+            connection.execute("DROP TABLE itemjournal_records")  # and its indexes
+            connection.execute(
+                "ALTER TABLE itemjournal_records_upgrade RENAME TO itemjournal_records"
+            )
+        if old is not None:
+            connection.execute(
+                "UPDATE itemjournal_records SET written_at = ? WHERE written_at IS NULL",
+                (kernel_time(),),
+            )
         connection.execute(
             "UPDATE itemjournal_meta SET value = ? WHERE key = 'schema_version'",
             (str(SCHEMA_VERSION),),
@@ -915,6 +930,39 @@ class SQLiteStore(ProcessOwners):
         except Exception as error:
             raise _failure(f"cannot read the record at {self.location}#{digest}", error) from error
 
+    async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
+        """How long ago each row was last written, by the kernel's clock: ``written_at``
+        is ``kernel_time()`` (``/proc``, no process's clock) taken once per write
+        transaction, compared with it now. One read."""
+        return await run_in_thread(self._ages_sync, list(identities))
+
+    def _ages_sync(self, identities: list[Identity]) -> list[timedelta | None]:
+        digests = [identity_digest(identity) for identity in identities]
+        found: dict[object, object] = {}
+        try:
+            with self._reader() as reader:
+                for start in range(0, len(digests), 500):
+                    chunk = digests[start : start + 500]
+                    marks = ",".join("?" * len(chunk))
+                    found.update(
+                        reader.execute(
+                            "SELECT digest, written_at FROM itemjournal_records "
+                            f"WHERE digest IN ({marks})",
+                            chunk,
+                        ).fetchall()
+                    )
+        except sqlite3.Error as error:
+            raise _failure(f"cannot read {self.location}", error) from error
+        now = kernel_time()
+        ages: list[timedelta | None] = []
+        for digest in digests:
+            written = found.get(digest)
+            if now is None or isinstance(written, bool) or not isinstance(written, (int, float)):
+                ages.append(None)
+            else:
+                ages.append(timedelta(seconds=now - written))
+        return ages
+
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         digest = identity_digest(identity)
         try:
@@ -1004,6 +1052,7 @@ class SQLiteStore(ProcessOwners):
             return False
         try:
             connection.execute("BEGIN IMMEDIATE")
+            self._stamp = kernel_time()  # one kernel time per batch, for ``written_at``
         except BaseException as error:
             if _busy(error):
                 return True
@@ -1074,10 +1123,11 @@ class SQLiteStore(ProcessOwners):
         elif decision.write is not None:
             operation.wrote = True
             connection.execute(
-                "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
-                "ON CONFLICT (digest) DO UPDATE SET "
-                "status = excluded.status, document = excluded.document",
-                (operation.key, decision.write.status, data),
+                "INSERT INTO itemjournal_records (digest, status, document, written_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET "
+                "status = excluded.status, document = excluded.document, "
+                "written_at = excluded.written_at",
+                (operation.key, decision.write.status, data, self._stamp),
             )
         if operation.wrote:
             written.add(operation.key)

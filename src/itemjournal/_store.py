@@ -10,8 +10,9 @@ the step if it lost a race. A step may raise to refuse; then nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
 
 from ._errors import RecordInvalid, StorageFailed
@@ -121,6 +122,18 @@ class Store(Protocol):
     def owner_alive(self, owner: Owner | None) -> bool | None:
         """Whether ``owner`` (of a started record) still lives: True, False, or None when
         this store cannot tell from here. Runs in a worker thread, also inside a step."""
+        ...
+
+    def gone_reason(self, owner: Owner | None) -> str:
+        """Why ``owner``, which ``owner_alive`` judged gone, is gone, in words for a review
+        reason ("owner process gone", "owner's machine rebooted since"). Worker thread."""
+        ...
+
+    async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
+        """For each identity, how long ago its record was last written by the store's own
+        clock (the kernel's file times, the database server's clock), in one read; None
+        where the store keeps no such witness or holds no record. ``prune`` removes only
+        what both this and the journal's clock call old."""
         ...
 
     async def aclose(self) -> None:

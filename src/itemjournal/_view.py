@@ -99,7 +99,16 @@ class SweepReport:
 @dataclass(frozen=True, slots=True)
 class PruneReport:
     """What ``Journal.prune`` removed (or, with ``dry_run``, would remove), and what it met
-    that it could not handle. Only ``succeeded`` and ``released`` records are ever removed."""
+    that it could not handle. Only ``succeeded`` and ``released`` records are ever removed.
+
+    ``kept`` are the records this process's clock calls old enough that were kept all
+    the same because another clock disagrees: a time in the record lies ahead of this
+    clock (a writer's clock ran ahead, or this one runs behind), or the store's own clock
+    (the kernel's file times, the database server's clock) says the record was written
+    more recently than the cutoff. A clock error can make a record look old; it never
+    gets one removed unless every clock that saw it agrees.
+    """
 
     removed: tuple[RecordView, ...] = ()
     problems: tuple[JournalError, ...] = ()
+    kept: tuple[RecordView, ...] = ()
