@@ -393,13 +393,28 @@ def _namespace_gone(inode: int) -> bool:
         if not entry.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{entry}/ns/pid").st_ino == inode:
-                return False
+            if os.stat(f"/proc/{entry}/ns/pid").st_ino == inode and start_ticks(int(entry)) is not None:
+                return False  # a process lives there (a zombie, not yet reaped, does not)
         except (FileNotFoundError, ProcessLookupError):
             continue  # it ended meanwhile
         except OSError:
-            return False  # not ours to look at: cannot prove anything
+            # Not ours to look at. Its status (readable by anyone) still says whether it
+            # is in this very namespace (one pid in ``NSpid``), so in none other.
+            if _nested_depth(entry) != 1:
+                return False  # in some namespace below this one: cannot prove anything
     return True
+
+
+def _nested_depth(pid: str) -> int | None:
+    """How many pid namespaces ``pid`` has a number in, seen from ours (``NSpid``)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as stream:
+            for line in stream:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:
+        return None
+    return None
 
 
 def _assess_name(pid: int, name: ProcessName) -> tuple[bool | None, str]:
