@@ -52,9 +52,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 # Owners log the boots of their machine (``itemjournal._owner.boot_log_path``); the suite,
 # and every process it starts, keeps a log of its own instead of the machine's.
-os.environ.setdefault(
-    "ITEMJOURNAL_STATE_DIR", tempfile.mkdtemp(prefix="itemjournal-test-state-")
-)
+os.environ.setdefault("ITEMJOURNAL_STATE_DIR", tempfile.mkdtemp(prefix="itemjournal-test-state-"))
 
 # Calls blockbuster does not watch by itself but that a store makes on every save.
 _EXTRA_BLOCKING = ("open", "fsync", "fdatasync", "fstat", "lstat", "makedirs")

@@ -393,7 +393,8 @@ def _namespace_gone(inode: int) -> bool:
         if not entry.isdigit():
             continue
         try:
-            if os.stat(f"/proc/{entry}/ns/pid").st_ino == inode and start_ticks(int(entry)) is not None:
+            inside = os.stat(f"/proc/{entry}/ns/pid").st_ino == inode
+            if inside and start_ticks(int(entry)) is not None:
                 return False  # a process lives there (a zombie, not yet reaped, does not)
         except (FileNotFoundError, ProcessLookupError):
             continue  # it ended meanwhile
