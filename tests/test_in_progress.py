@@ -3,18 +3,22 @@ with ``wait=``, dead owners found at ``begin``, and replayable results."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
 import pytest
+from _builders import started_record
 
 from itemjournal import (
     Claim,
@@ -24,8 +28,11 @@ from itemjournal import (
     Journal,
     Reuse,
     definition_digest,
+    input_digest,
 )
-from itemjournal._records import clear_decode_cache
+from itemjournal._owner import GONE_REBOOTED, boot_log_path
+from itemjournal._records import Owner, clear_decode_cache
+from itemjournal._store import Step
 
 pytestmark = pytest.mark.anyio
 
@@ -373,4 +380,64 @@ async def test_a_dead_owner_is_found_at_begin_and_marked_once(journal: Journal, 
         await journal.begin(identity, INPUTS, DEFINITION)
     assert again.value.code == "REVIEW_REQUIRED"
     assert await journal.inspect(identity) == marked
+    assert (await journal.sweep()).marked == ()
+
+
+# ---------------------------------------------------------------------- reboots
+
+
+def _earlier_boot_of_this_machine() -> str:
+    """A boot id as this machine's log would hold it from an earlier boot."""
+    earlier = str(uuid.uuid4())
+    log = boot_log_path()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as stream:
+        stream.write(f"{earlier}\n")
+    return earlier
+
+
+async def _plant(journal: Journal, identity: Identity, owner: Owner) -> None:
+    """A started record written as its owner, in another boot, wrote it."""
+    record = started_record(identity, owner)
+    record = dataclasses.replace(
+        record, input_hash=input_digest(INPUTS), definition_hash=DEFINITION
+    )
+    await journal.store.apply(identity, lambda current: Step(record, None))
+
+
+async def test_a_claim_from_an_earlier_boot_of_this_machine_needs_review(journal: Journal) -> None:
+    """Its process cannot have survived the reboot: begin marks it, with the reason."""
+    earlier = _earlier_boot_of_this_machine()
+    process = f"{earlier}:4026531836:4026531834:4242"
+    await _plant(journal, ident("rebooted"), Owner("this-host", 4242, "", process))
+    with pytest.raises(ConflictError) as raised:
+        await journal.begin(ident("rebooted"), INPUTS, DEFINITION)
+    assert raised.value.code == "REVIEW_REQUIRED"
+    view = await journal.inspect(ident("rebooted"))
+    assert view.status == "needs_review"
+    assert view.review_reason == GONE_REBOOTED
+    assert (view.history[-1].event, view.history[-1].note) == ("begin", GONE_REBOOTED)
+    # Known only by its boot (it could not name its process): the same proof holds.
+    await _plant(journal, ident("rebooted-unnamed"), Owner("this-host", 7, "", earlier))
+    report = await journal.sweep()
+    assert [(v.identity, v.review_reason) for v in report.marked] == [
+        (ident("rebooted-unnamed"), GONE_REBOOTED)
+    ]
+    assert report.marked[0].history[-1].event == "sweep"
+
+
+async def test_a_claim_from_a_boot_this_machine_cannot_vouch_for_stays_in_progress(
+    journal: Journal,
+) -> None:
+    """Another machine's boot (a shared hostname proves nothing): its owner may live."""
+    stranger = str(uuid.uuid4())
+    host = socket.gethostname()
+    process = f"{stranger}:4026531836:4026531834:4242"
+    await _plant(journal, ident("elsewhere"), Owner(host, 4242, "", process))
+    await _plant(journal, ident("elsewhere-unnamed"), Owner(host, 4242, "", stranger))
+    for item in ("elsewhere", "elsewhere-unnamed"):
+        with pytest.raises(ConflictError) as raised:
+            await journal.begin(ident(item), INPUTS, DEFINITION)
+        assert raised.value.code == "IN_PROGRESS"
+        assert (await journal.inspect(ident(item))).owner_alive is None
     assert (await journal.sweep()).marked == ()

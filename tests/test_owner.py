@@ -24,6 +24,10 @@ from itemjournal import FileStore, Owner
 from itemjournal import _filestore as filestore_module
 from itemjournal import _owner as owner_module
 from itemjournal._owner import (
+    GONE_NAMESPACE,
+    GONE_PROCESS,
+    GONE_REBOOTED,
+    assess,
     current_owner,
     local_process_space,
     own_process,
@@ -45,6 +49,10 @@ def pid_namespace() -> int:
     return os.stat("/proc/self/ns/pid").st_ino
 
 
+def time_namespace() -> int:
+    return os.stat("/proc/self/ns/time").st_ino
+
+
 def ticks_of(pid: int) -> int:
     raw = Path(f"/proc/{pid}/stat").read_bytes()
     return int(raw[raw.rfind(b")") + 2 :].split()[19])
@@ -56,9 +64,17 @@ def other_boot() -> str:
     return other
 
 
-def named(pid: int, boot: str, namespace: int, ticks: int, host: str = HOST) -> Owner:
+def named(
+    pid: int, boot: str, namespace: int, ticks: int, host: str = HOST, time_ns: int | None = None
+) -> Owner:
     """An owner built by hand, as another process would have written it."""
-    return Owner(host, pid, "", f"{boot}:{namespace}:{ticks}")
+    time_ns = time_namespace() if time_ns is None else time_ns
+    return Owner(host, pid, "", f"{boot}:{namespace}:{time_ns}:{ticks}")
+
+
+def legacy(pid: int, boot: str, namespace: int, ticks: int) -> Owner:
+    """An owner as a version that did not record time namespaces wrote it."""
+    return Owner(HOST, pid, "", f"{boot}:{namespace}:{ticks}")
 
 
 @pytest.fixture(autouse=True)
@@ -66,6 +82,7 @@ def fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test computes this process's identity afresh (and leaves no patched one)."""
     monkeypatch.setattr(owner_module, "_space", None)
     monkeypatch.setattr(owner_module, "_me", None)
+    monkeypatch.setattr(owner_module, "_boot", None)
 
 
 def stepped_proc_stat() -> io.BytesIO:
@@ -99,8 +116,15 @@ def test_current_owner_is_this_process_named_exactly() -> None:
     assert me.pid == os.getpid()
     assert me.host == HOST
     assert me.started_at  # for people: a UTC time
-    assert parse_process(me.process) == (boot_id(), pid_namespace(), ticks_of(os.getpid()))
-    assert me.process == f"{boot_id()}:{pid_namespace()}:{ticks_of(os.getpid())}"
+    assert parse_process(me.process) == (
+        boot_id(),
+        pid_namespace(),
+        time_namespace(),
+        ticks_of(os.getpid()),
+    )
+    assert me.process == (
+        f"{boot_id()}:{pid_namespace()}:{time_namespace()}:{ticks_of(os.getpid())}"
+    )
     assert own_process() == (boot_id(), pid_namespace(), ticks_of(os.getpid()))
     assert owner_alive(me) is True
     assert current_owner() is me  # remembered
@@ -117,7 +141,7 @@ def test_started_at_is_never_compared() -> None:
 
 def test_a_clock_step_changes_nothing_liveness_reads(opened: list[str]) -> None:
     """Liveness never reads the boot time, which moves when the clock is stepped."""
-    me = Owner(HOST, os.getpid(), "", f"{boot_id()}:{pid_namespace()}:{ticks_of(os.getpid())}")
+    me = named(os.getpid(), boot_id(), pid_namespace(), ticks_of(os.getpid()))
 
     assert owner_alive(me) is True
     assert owner_alive(named(os.getpid(), boot_id(), pid_namespace(), 1)) is False
@@ -164,16 +188,23 @@ def test_an_owner_of_another_boot_is_unknown_not_dead() -> None:
         assert owner_alive(named(pid, other_boot(), pid_namespace(), ticks_of(os.getpid()))) is None
 
 
-def test_an_owner_in_another_pid_namespace_is_unknown_not_dead() -> None:
-    other_namespace = pid_namespace() + 1
+def test_an_owner_in_another_pid_namespace_is_unknown_while_a_process_is_in_it() -> None:
+    """Its pids are not ours: no pid of it is looked up here. Whether its namespace still
+    holds a process is what decides (see test_owner_namespaces for real ones)."""
+    in_use = os.stat("/proc/self/ns/mnt").st_ino  # an nsfs inode, but of no pid namespace
     for pid in (os.getpid(), NO_SUCH_PID, 1):
-        owner = named(pid, boot_id(), other_namespace, ticks_of(os.getpid()))
-        assert owner_alive(owner) is None
+        owner = named(pid, boot_id(), in_use + 10**9, ticks_of(os.getpid()))
+        provable = pid_namespace() == owner_module.INITIAL_PID_NAMESPACE
+        assert assess(owner) == ((False, GONE_NAMESPACE) if provable else (None, ""))
 
 
-def test_an_owner_elsewhere_or_none_is_unknown() -> None:
+def test_the_host_name_is_never_compared() -> None:
+    """A UTS namespace gives a process another hostname on the same kernel: what names
+    the process (boot, namespaces, start) decides, never what it calls its host."""
     me = current_owner()
-    assert owner_alive(Owner("elsewhere.invalid", os.getpid(), "", me.process)) is None
+    assert owner_alive(Owner("elsewhere.invalid", os.getpid(), "", me.process)) is True
+    gone = named(NO_SUCH_PID, boot_id(), pid_namespace(), 1, host="elsewhere.invalid")
+    assert owner_alive(gone) is False
     assert owner_alive(Owner("elsewhere.invalid", NO_SUCH_PID, "")) is None
     assert owner_alive(None) is None
 
@@ -210,7 +241,7 @@ def test_a_live_owner_in_a_real_container_namespace_is_never_dead() -> None:
     try:
         pid, process = child.stdout.readline().split()
         owner = Owner(HOST, int(pid), "", process)
-        boot, namespace, _ = parse_process(process) or ("", 0, 0)
+        boot, namespace, _, _ = parse_process(process) or ("", 0, 0, 0)
         assert boot == boot_id()
         assert namespace != pid_namespace()
         assert owner_alive(owner) is None
@@ -218,7 +249,9 @@ def test_a_live_owner_in_a_real_container_namespace_is_never_dead() -> None:
         child.stdin.close()
         child.wait(timeout=10)
         child.stdout.close()
-    assert owner_alive(owner) is None  # gone now, but this process cannot know that
+    # Gone now, and with it its pid namespace, which the host's own namespace can see.
+    provable = pid_namespace() == owner_module.INITIAL_PID_NAMESPACE
+    assert assess(owner) == ((False, GONE_NAMESPACE) if provable else (None, ""))
 
 
 # ---------------------------------------------------------------------- gone, reused, zombie
@@ -254,7 +287,7 @@ def test_a_zombie_is_not_alive(waiting_child: subprocess.Popen[bytes]) -> None:
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
     assert start_ticks(child.pid) is None
     assert owner_alive(owner) is False
-    assert owner_alive(Owner(HOST, child.pid, "")) is False  # unnamed: existence only
+    assert owner_alive(Owner(HOST, child.pid, "")) is None  # unnamed: never by its pid
 
 
 def test_an_unreadable_proc_entry_is_unknown(
@@ -272,14 +305,69 @@ def test_an_unreadable_proc_entry_is_unknown(
     monkeypatch.setattr(owner_module, "open", hiding_open, raising=False)
     assert start_ticks(waiting_child.pid) == owner_module.HIDDEN
     assert owner_alive(owner) is None
-    assert owner_alive(Owner(HOST, waiting_child.pid, "")) is True  # it exists
     assert start_ticks(NO_SUCH_PID) is None  # what does not exist is still gone
 
 
-def test_an_unnamed_owner_is_judged_by_its_pid() -> None:
-    assert owner_alive(Owner(HOST, os.getpid(), "")) is True
-    assert owner_alive(Owner(HOST, NO_SUCH_PID, "")) is False
-    assert owner_alive(Owner(HOST, 2**63 - 1, "")) is False  # a record may hold any pid
+def test_an_unnamed_owner_is_never_judged_by_its_pid() -> None:
+    """Its pid may be of another pid namespace: no pid of ours says anything of it."""
+    for pid in (os.getpid(), NO_SUCH_PID, 2**63 - 1):
+        assert owner_alive(Owner(HOST, pid, "")) is None
+        assert owner_alive(Owner(HOST, pid, "", boot_id())) is None  # its boot alone
+
+
+def test_an_owner_in_another_time_namespace_is_judged_only_by_its_pid_being_gone() -> None:
+    """Start ticks read in another time namespace are shifted: unequal ticks prove
+    nothing there; a pid that no process has proves the owner gone."""
+    other = time_namespace() + 1
+    mine = ticks_of(os.getpid())
+    assert owner_alive(named(os.getpid(), boot_id(), pid_namespace(), mine, time_ns=other)) is True
+    shifted = named(os.getpid(), boot_id(), pid_namespace(), mine + 500_000, time_ns=other)
+    assert owner_alive(shifted) is None
+    gone = named(NO_SUCH_PID, boot_id(), pid_namespace(), mine, time_ns=other)
+    assert assess(gone) == (False, GONE_PROCESS)
+
+
+def test_an_owner_written_before_time_namespaces_were_recorded_is_judged_conservatively() -> None:
+    mine = ticks_of(os.getpid())
+    assert owner_alive(legacy(os.getpid(), boot_id(), pid_namespace(), mine)) is True
+    assert owner_alive(legacy(os.getpid(), boot_id(), pid_namespace(), mine + 1)) is None
+    assert owner_alive(legacy(NO_SUCH_PID, boot_id(), pid_namespace(), mine)) is False
+
+
+def test_an_owner_of_an_earlier_boot_of_this_machine_is_gone(tmp_path: Path) -> None:
+    """This machine's boot log names the boot: its processes are certainly gone."""
+    earlier = other_boot()
+    log = owner_module.boot_log_path()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as stream:
+        stream.write(f"{earlier}\n")
+    for owner in (
+        named(os.getpid(), earlier, pid_namespace(), ticks_of(os.getpid())),
+        Owner("renamed-since", 1, "", earlier),  # it knew only its boot
+        legacy(1, earlier, 4026532999, 7),
+    ):
+        assert assess(owner) == (False, GONE_REBOOTED)
+    stranger = other_boot()  # a boot this machine never logged: another machine's
+    assert owner_alive(named(NO_SUCH_PID, stranger, pid_namespace(), 1)) is None
+
+
+def test_a_boot_log_others_could_write_proves_nothing(tmp_path: Path) -> None:
+    earlier = other_boot()
+    log = owner_module.boot_log_path()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as stream:
+        stream.write(f"{earlier}\n")
+    os.chmod(log, 0o622)
+    try:
+        assert owner_alive(Owner(HOST, 1, "", earlier)) is None
+    finally:
+        os.chmod(log, 0o600)
+
+
+def test_an_owner_logs_its_boot_before_it_claims() -> None:
+    me = current_owner()
+    assert boot_id() in owner_module.boot_log_path().read_text().split()
+    assert me.process.startswith(boot_id())
 
 
 # ---------------------------------------------------------------------- no /proc
@@ -291,6 +379,7 @@ def no_proc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(owner_module, "BOOT_ID_PATH", "/nonexistent/boot_id")
     monkeypatch.setattr(owner_module, "_space", None)
     monkeypatch.setattr(owner_module, "_me", None)
+    monkeypatch.setattr(owner_module, "_boot", None)
 
 
 def test_without_proc_only_existence_is_known(no_proc: None) -> None:
@@ -299,11 +388,8 @@ def test_without_proc_only_existence_is_known(no_proc: None) -> None:
     me = current_owner()
     assert me.pid == os.getpid()
     assert me.process == ""
-    assert owner_alive(me) is True
-    assert owner_alive(Owner(HOST, NO_SUCH_PID, "")) is False
-    assert owner_alive(Owner(HOST, 1, "")) is True  # exists; as root it may also be signalled
-    assert owner_alive(Owner(HOST, 2**63 - 1, "")) is False
-    assert process_alive(NO_SUCH_PID, None) is False
+    assert owner_alive(me) is None  # unnamed: never judged by a pid
+    assert process_alive(NO_SUCH_PID, None) is False  # temp files: existence only
 
 
 def test_without_proc_an_exactly_named_owner_is_unknown(no_proc: None) -> None:
@@ -318,8 +404,11 @@ def test_a_passing_proc_failure_is_not_remembered(monkeypatch: pytest.MonkeyPatc
     assert current_owner().process == ""
     monkeypatch.undo()
     monkeypatch.setattr(owner_module, "_space", None)
+    monkeypatch.setattr(owner_module, "_boot", None)
     assert local_process_space() == (boot_id(), pid_namespace())
-    assert current_owner().process == f"{boot_id()}:{pid_namespace()}:{ticks_of(os.getpid())}"
+    assert current_owner().process == (
+        f"{boot_id()}:{pid_namespace()}:{time_namespace()}:{ticks_of(os.getpid())}"
+    )
 
 
 # ---------------------------------------------------------------------- temp-file writers
