@@ -49,3 +49,16 @@ def written_long_ago(location: str, seconds: float) -> None:
     then = time.time() - seconds
     for path in Path(location).glob("??/*.json"):
         os.utime(path, (then, then), follow_symlinks=False)
+
+
+def dead_owner(pid: int = 2**22 + 1) -> Owner:
+    """An owner of this boot and these namespaces whose process is gone: ``pid`` is above
+    the kernel's pid limit, so no process has it."""
+    from itemjournal._owner import current_owner
+    from itemjournal._records import parse_process
+
+    me = current_owner()
+    name = parse_process(me.process)
+    assert name is not None and name.pid_namespace is not None, "this process names itself"
+    process = f"{name.boot}:{name.pid_namespace}:{name.time_namespace}:1"
+    return Owner(me.host, pid, NOW, process)

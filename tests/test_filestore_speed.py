@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import stat
 import sys
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from _builders import NOW, started_record
+from _builders import NOW, dead_owner, started_record
 
 from itemjournal import (
     Claim,
@@ -25,7 +24,6 @@ from itemjournal import (
     FileSystem,
     Identity,
     Journal,
-    Owner,
     RecordInvalid,
     StorageFailed,
     definition_digest,
@@ -332,7 +330,7 @@ async def test_sweep_and_status_listing_still_read_what_the_probe_cannot_place(
     """An orphaned started record in another layout is still marked; a damaged one is
     still reported; a damaged document of another status is reported by a full scan."""
     store, journal = await open_journal(root)
-    gone = Owner(socket.gethostname(), DEAD_PID, NOW)
+    gone = dead_owner(DEAD_PID)
     orphan = Identity("speed", "probe", "job", "orphan")
     damaged = Identity("speed", "probe", "job", "damaged")
     other = Identity("speed", "probe", "job", "other")

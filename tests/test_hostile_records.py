@@ -39,7 +39,7 @@ from typing import Any
 
 import anyio
 import pytest
-from _builders import started_record
+from _builders import dead_owner, started_record
 from anyio.from_thread import start_blocking_portal
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -803,7 +803,16 @@ def test_hostile_bytes_through_the_file_store(
                 )
                 assert isinstance(begun, (Claim, Reuse, ConflictError)), begun
                 VERDICTS[f"begin gave {type(begun).__name__}"] += 1
-                if not isinstance(begun, Claim):
+                dead_owner_marked = (
+                    record.status == "started"
+                    and isinstance(begun, ConflictError)
+                    and begun.code == "REVIEW_REQUIRED"
+                )
+                if dead_owner_marked:  # a mutated owner names a gone process: begin marks it
+                    assert isinstance(begun, ConflictError) and begun.view is not None
+                    assert begun.view.status == "needs_review"
+                    VERDICTS["begin marked a dead owner"] += 1
+                elif not isinstance(begun, Claim):
                     assert path.read_bytes() == data  # a refusal or a reuse writes nothing
             assert stat.S_ISREG(path.lstat().st_mode)
             assert temp_files(root) == []
@@ -1031,7 +1040,7 @@ async def test_scan_and_sweep_report_every_hostile_entry_and_touch_none(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     orphan = Identity("trap", "scan", "job", "orphan")
-    gone = Owner(socket.gethostname(), DEAD_PID, NOW)  # on this host, surely not running
+    gone = dead_owner(DEAD_PID)  # of this boot and namespaces, surely not running
     orphaned = dataclasses.replace(started_record(orphan), owner=gone)
     orphan_path: Path = store.path_for(orphan)  # type: ignore[attr-defined]
     orphan_path.parent.mkdir(mode=0o700, exist_ok=True)

@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -268,7 +269,10 @@ async def test_owner_elsewhere_is_unknown_not_dead(root: Path) -> None:
     assert isinstance(claim, Claim)
     path = journal.store.path_for(claim.identity)  # type: ignore[attr-defined]
     document = json.loads(path.read_text())
+    # Another machine: its own boot id (a hostname alone proves nothing either way).
+    boot = document["owner"]["process"].split(":")[0]
     document["owner"]["host"] = "another-host.example"
+    document["owner"]["process"] = document["owner"]["process"].replace(boot, str(uuid.uuid4()))
     path.write_text(json.dumps(document))
     assert (await journal.inspect(claim.identity)).owner_alive is None
     assert (await journal.sweep()).marked == ()
