@@ -53,9 +53,10 @@ async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
 # The statements of one operation in the SQLite store's batch (``_sqlitestore._run_one``).
 SQLITE_READ = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
 SQLITE_WRITE = (
-    "INSERT INTO itemjournal_records (digest, status, document) VALUES (?, ?, ?) "
-    "ON CONFLICT (digest) DO UPDATE SET "
-    "status = excluded.status, document = excluded.document"
+    "INSERT INTO itemjournal_records (digest, status, document, written_at) "
+    "VALUES (?, ?, ?, ?) ON CONFLICT (digest) DO UPDATE SET "
+    "status = excluded.status, document = excluded.document, "
+    "written_at = excluded.written_at"
 )
 _LITERAL = re.compile(r"[xX]'[0-9a-fA-F]*'|'(?:[^']|'')*'|\b\d+(?:\.\d+)?\b")
 
@@ -141,12 +142,13 @@ class SqliteLimit:
     def _commit(self, operations: list[tuple[str, bool]]) -> None:
         execute = self.connection.execute
         execute("BEGIN IMMEDIATE")
+        stamp = time.time()  # the store takes one time per transaction too
         for key, begin in operations:
             execute(SQLITE_READ, (key,)).fetchone()
             if begin:
-                execute(SQLITE_WRITE, (key, "started", self.template.started))
+                execute(SQLITE_WRITE, (key, "started", self.template.started, stamp))
             else:
-                execute(SQLITE_WRITE, (key, "succeeded", self.template.succeeded))
+                execute(SQLITE_WRITE, (key, "succeeded", self.template.succeeded, stamp))
         execute("COMMIT")
 
     def run(self, cycles: int, batch: float) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _builders import written_long_ago
 
 from itemjournal import Claim, Identity, Journal, RecordView, definition_digest
 
@@ -150,6 +151,7 @@ def template(
     with monkeypatch.context() as patched:
         _patch_clock(patched, OLD)
         anyio.run(_fill, location, PLAN, "old-")
+    written_long_ago(location, 60 * 86400)  # the old records are old by the kernel's clock too
     anyio.run(_fill, location, {"succeeded": YOUNG}, "young-")
     records, unreadable, problems = survey(location)
     assert not unreadable and not problems
