@@ -60,7 +60,7 @@ from ._records import STATUSES, Owner, Record, decode_row, encode_record
 from ._store import Step, StepFunction, Tally
 from ._threads import Trips
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "missing_journal"]
 
 T = TypeVar("T")
 
@@ -1292,6 +1292,34 @@ class PostgresStore:
         if now == before:
             return False
         return "the record has changed since"
+
+
+def missing_journal(url: str, *, timeout: float = 10.0) -> str | None:
+    """Why the PostgreSQL location ``url`` holds no journal (the server answers, and the
+    location's schema has no journal tables), or None: there is one, or the server could
+    not be asked (``Journal.open`` then says why). For the command line and the viewer,
+    which read journals and never create one. Blocks: call it from a worker thread."""
+    store = PostgresStore(url)  # the location's own checks (schema name, owner_url)
+    try:
+        with psycopg.connect(
+            store._conninfo,
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=max(1, round(timeout)),
+        ) as connection:
+            row = connection.execute(
+                "SELECT to_regnamespace(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                (store.schema, f"{store.schema}.meta"),
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    assert row is not None
+    schema, meta = row
+    if not schema:
+        return f"no journal in {store.location}: there is no schema {store.schema}"
+    if not meta:
+        return f"no journal in {store.location}: schema {store.schema} holds no journal tables"
+    return None
 
 
 def _bytes(value: object) -> object:
