@@ -161,7 +161,7 @@ class Cluster:
     """A PostgreSQL cluster of the test's own: ``initdb`` into a temporary directory, a
     free port, trust authentication, a database ``test``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_connections: int = 60) -> None:
         for program in ("initdb", "pg_ctl", "postgres"):
             if not (PG_BIN / program).exists():
                 missing("PostgreSQL's server programs", PG_BIN / program)
@@ -178,7 +178,7 @@ class Cluster:
             conf.write(
                 f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.where}'\nfsync = on\n"
-                "max_connections = 60\nshared_buffers = 16MB\n"
+                f"max_connections = {max_connections}\nshared_buffers = 16MB\n"
             )
         self.start()
         with psycopg.connect(self.admin_url("postgres"), autocommit=True) as connection:
@@ -213,8 +213,8 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[Cluster]:
-    made = Cluster()
+def cluster(*, max_connections: int = 60) -> Iterator[Cluster]:
+    made = Cluster(max_connections=max_connections)
     try:
         yield made
     finally:
