@@ -12,12 +12,17 @@ def is_postgres(location: str) -> bool:
 
 
 def split(location: str) -> tuple[str, str]:
-    """(libpq URL, schema) of a PostgreSQL journal location."""
+    """(libpq URL, schema) of a PostgreSQL journal location: the journal's own parameters
+    taken out, every other byte left as it was given (libpq decodes them itself)."""
     parts = urllib.parse.urlsplit(location)
-    pairs = urllib.parse.parse_qsl(parts.query)
-    schema = dict(pairs).get("schema", "itemjournal")
-    rest = urllib.parse.urlencode([(n, v) for n, v in pairs if n not in ("schema", "pool_size")])
-    return urllib.parse.urlunsplit(parts._replace(query=rest)), schema
+    kept, schema = [], "itemjournal"
+    for piece in parts.query.split("&") if parts.query else ():
+        name, _, value = piece.partition("=")
+        if name == "schema":
+            schema = urllib.parse.unquote(value)
+        elif name not in ("pool_size", "owner_url") and piece:
+            kept.append(piece)
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), schema
 
 
 def connect(location: str, *, autocommit: bool = True) -> tuple[psycopg.Connection, str]:
@@ -113,10 +118,13 @@ def _private_dir(prefix: str, uid: int | None, gid: int | None) -> Path:
 
 
 @contextlib.contextmanager
-def pgbouncer(server: str, mode: str, *, pool_size: int = 20) -> Iterator[str]:
+def pgbouncer(
+    server: str, mode: str, *, pool_size: int = 20, users: tuple[str, ...] = ()
+) -> Iterator[str]:
     """A PgBouncer in ``mode`` (``session``, ``transaction``, ``statement``) on a free
     loopback port, in front of the server of the URL ``server``; yields its base URL
-    (``postgresql://user@127.0.0.1:port/database``, no query)."""
+    (``postgresql://user@127.0.0.1:port/database``, no query). ``users``: more roles
+    it lets through (trust authentication still needs each named)."""
     if not os.path.exists(PGBOUNCER):
         missing("PgBouncer", PGBOUNCER)
     parts = urllib.parse.urlsplit(server)
@@ -125,7 +133,7 @@ def pgbouncer(server: str, mode: str, *, pool_size: int = 20) -> Iterator[str]:
     prefix, uid, gid = _runner()
     where = _private_dir("ij-pgbouncer-", uid, gid)
     port = free_port()
-    (where / "users.txt").write_text(f'"{user}" ""\n')
+    (where / "users.txt").write_text("".join(f'"{name}" ""\n' for name in (user, *users)))
     (where / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"* = host={parts.hostname or '127.0.0.1'} port={parts.port or 5432}\n"
@@ -201,6 +209,27 @@ class Cluster:
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    @contextlib.contextmanager
+    def standby(self) -> Iterator[Cluster]:
+        """A streaming standby of this cluster (``pg_basebackup -R``), on a port of its own."""
+        made = Cluster.__new__(Cluster)
+        made._prefix = self._prefix
+        made.where = _private_dir("ij-standby-", *_runner()[1:])
+        made.data = made.where / "data"
+        made.port = free_port()
+        made.url = f"postgresql://postgres@127.0.0.1:{made.port}/test"
+        self._run(
+            "pg_basebackup", "-D", str(made.data), "-R", "-X", "stream", "-c", "fast",
+            "-U", "postgres", "-h", "127.0.0.1", "-p", str(self.port),
+        )  # fmt: skip
+        with (made.data / "postgresql.conf").open("a") as conf:
+            conf.write(f"port = {made.port}\nunix_socket_directories = '{made.where}'\n")
+        try:
+            made.start()
+            yield made
+        finally:
+            made.close()
 
     def execute(self, statement: str, database: str = "test") -> None:
         with psycopg.connect(self.admin_url(database), autocommit=True) as connection:

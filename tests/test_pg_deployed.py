@@ -143,7 +143,22 @@ def test_the_command_line_never_creates_a_postgres_journal(location: str) -> Non
     assert row == (None,)  # nothing was made
     from itemjournal._pgstore import missing_journal
 
-    assert missing_journal(typo) is not None
+    assert "there is no schema" in str(missing_journal(typo))
+    connection, _ = _pg.connect(location)
+    with connection:  # a schema of someone else's, without the journal's tables
+        connection.execute(f"CREATE SCHEMA {schema}_other")
+    try:
+        other = f"{url}{'&' if '?' in url else '?'}schema={schema}_other"
+        assert "holds no journal tables" in str(missing_journal(other))
+        result = CliRunner().invoke(
+            cli, ["-L", other, "counts"], env={"ITEMJOURNAL_LOCATION": None}
+        )
+        assert result.exit_code == 2 and "NO_JOURNAL" in result.stderr, result.stderr
+    finally:
+        connection, _ = _pg.connect(location)
+        with connection:
+            connection.execute(f"DROP SCHEMA {schema}_other CASCADE")
+    assert missing_journal("postgresql://nobody@127.0.0.1:1/none") is None  # open says why
 
     async def make() -> None:
         async with await Journal.open(location):
@@ -320,7 +335,10 @@ def role_url(cluster: _pg.Cluster, role: str) -> str:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("setting", ["statement_timeout = 1", "default_transaction_read_only = on"])
+@pytest.mark.parametrize(
+    "setting",
+    ["statement_timeout = 1", "statement_timeout = 500", "default_transaction_read_only = on"],
+)
 async def test_open_under_a_setting_it_cannot_work_with_fails_fast(
     shared_cluster: _pg.Cluster, role: str, setting: str
 ) -> None:
@@ -377,3 +395,14 @@ async def test_a_lost_owner_session_is_never_replaced_by_none(
         assert view.owner.session != session.name
         assert view.owner_alive is True
         assert (await mine.complete(second, "done")).status == "succeeded"
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_standby_is_refused_at_open(shared_cluster: _pg.Cluster) -> None:
+    with shared_cluster.standby() as standby:
+        started = time.monotonic()
+        with pytest.raises(StorageFailed) as refused:
+            await Journal.open(schema_url(standby.url))
+        assert time.monotonic() - started < 2
+    assert "standby" in str(refused.value) and "primary" in str(refused.value)
