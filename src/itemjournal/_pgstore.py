@@ -26,8 +26,20 @@ random 63-bit token, on a connection of its own; the claims it writes name that 
 shared try-lock on the token fails), whichever host it runs on. When a host dies,
 PostgreSQL ends its session (the store sets the server's TCP keepalives on it) and the
 lock goes with it. A store
-whose lock connection was lost takes a new token before its next claim; its earlier claims
-are then taken as gone by the others (and marked for review, never run again).
+whose lock connection was lost takes a new token before its next claim (if it cannot, the
+claim is refused: none is written without a live owner session); its earlier claims are
+then taken as gone by the others (and marked for review, never run again). The owner
+session turns off the server's session and statement timeouts for itself.
+
+**Poolers.** Open finds how the data connections reach the server (``pooling``): directly,
+through session pooling (supported), or through transaction or statement pooling, which
+hands each transaction to any server session and so cannot keep a session lock: refused,
+unless ``owner_url`` names a direct connection for the owner lock alone. Behind such a
+pooler, each write transaction sets its own lock wait and synchronous commit and reads the
+server's name of its session, and no statement is prepared.
+
+**Durability.** Every write commits with at least ``synchronous_commit = on``, whatever the
+server, database or role says (``remote_apply`` is kept).
 """
 
 from __future__ import annotations
@@ -234,12 +246,14 @@ class _Lost(Exception):
 class PostgresStore:
     """Record documents in a PostgreSQL database, shared by every host that opens it.
 
-    ``location`` is a ``postgresql://`` (or ``postgres://``) URL as libpq takes it; two
-    parameters of the URL are the store's own and are not passed on: ``schema`` (where
-    the tables live, ``itemjournal`` by default) and ``pool_size`` (connections per open
-    store, 8 by default, plus one that holds the owner lock). ``lock_timeout`` bounds, in
+    ``location`` is a ``postgresql://`` (or ``postgres://``) URL as libpq takes it, its
+    parameters passed on exactly as written; three are the store's own and are not passed
+    on: ``schema`` (where the tables live, ``itemjournal`` by default), ``pool_size``
+    (connections per open store, 8 by default, plus one that holds the owner lock) and
+    ``owner_url`` (a percent-encoded ``postgresql://`` URL for the owner-lock session
+    alone, for data connections through a transaction pooler). ``lock_timeout`` bounds, in
     seconds, the wait for a pooled connection, for connecting, and for a row another
-    session has locked. The password never appears in ``location``, ``repr`` or errors.
+    session has locked. No secret of the URL appears in ``location``, ``repr`` or errors.
     """
 
     def __init__(
