@@ -74,7 +74,22 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 PGBOUNCER = "/usr/sbin/pgbouncer"
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def _server_programs() -> Path:
+    """The newest installed PostgreSQL's server programs (Debian keeps each version's in
+    /usr/lib/postgresql/<version>/bin); the 15 of this project's machines if none is."""
+    found = [
+        where.parent
+        for where in Path("/usr/lib/postgresql").glob("*/bin/initdb")
+        if where.parent.parent.name.isdigit()
+    ]
+    return max(
+        found, key=lambda bin: int(bin.parent.name), default=Path("/usr/lib/postgresql/15/bin")
+    )
+
+
+PG_BIN = _server_programs()
 
 
 def missing(what: str, path: str | Path) -> None:

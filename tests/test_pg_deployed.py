@@ -243,6 +243,17 @@ async def test_a_version_1_journal_is_migrated_conservatively(location: str) -> 
             f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'"
         ).fetchone()
     assert row == ("2",)
+    # A version this code neither reads nor can migrate is refused, and check says so.
+    async with await Journal.open(location) as journal:
+        connection, schema = _pg.connect(location)
+        with connection:
+            connection.execute(
+                f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'"
+            )
+        (problem,) = await journal.store.check()
+        assert "schema version '99'" in problem, problem
+    with pytest.raises(StorageFailed, match="schema version '99'"):
+        await Journal.open(location)
 
 
 # ---------------------------------------------------------------------- server settings
