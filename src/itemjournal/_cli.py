@@ -301,6 +301,20 @@ class Settings:
     trust_shared_root: bool
 
 
+def _missing_postgres_journal(location: str) -> str | None:
+    """Why a PostgreSQL location holds no journal, when its server says so: the command
+    never creates one (``Journal.open`` would make the schema). None when there is one,
+    or when the server or the driver is not there (``Journal.open`` then says why)."""
+    try:
+        from ._pgstore import missing_journal
+    except ImportError:
+        return None
+    try:
+        return missing_journal(location)
+    except InvalidArgument:
+        return None  # a bad parameter: Journal.open refuses it with its own code
+
+
 def _check_location(value: str | None) -> str:
     """The location, refused unless it names an existing journal (never created here)."""
     if not value:
@@ -315,6 +329,9 @@ def _check_location(value: str | None) -> str:
                 "a PostgreSQL location is a URL, postgresql://user@host/database, "
                 f"not {redact(value)!r}",
             )
+        missing = _missing_postgres_journal(value)
+        if missing is not None:
+            raise CommandError("NO_JOURNAL", missing)
         return value  # given to Journal.open unchanged; only ever shown redacted
     if value.startswith("sqlite:"):
         path = value[len("sqlite://") :] if value.startswith("sqlite://") else ""

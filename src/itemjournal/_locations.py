@@ -82,9 +82,23 @@ def open_store(location: str, *, lock_timeout: float, trust_shared_root: bool) -
     return store
 
 
+# Connection parameters whose value is a secret: those libpq itself shows as ``*`` (a
+# password field) and the SCRAM keys that stand in for a password. Kept here, not asked of
+# libpq, so that showing a location never imports a database driver.
+SECRET_PARAMETERS: Final = frozenset(
+    {"password", "sslpassword", "oauth_client_secret", "scram_client_key", "scram_server_key"}
+)
+# Parameters whose value is itself a location (the PostgreSQL store's ``owner_url``):
+# redacted as one.
+_NESTED: Final = frozenset({"owner_url"})
+
+
 def redact(location: str) -> str:
-    """``location`` with any password replaced by ``***``: in the URL's user part and in
-    a ``password=`` query parameter. Anything that is not such a URL comes back as it is."""
+    """``location`` with every secret replaced by ``***``: a password in the URL's user
+    part, every query parameter that carries a secret (``password``, ``sslpassword`` and
+    the others libpq keeps secret), and the secrets of a location given as a parameter
+    (``owner_url``). Everything else is given back exactly as it came, byte for byte;
+    anything that is not such a URL comes back as it is."""
     if "://" not in location:
         return location
     try:
@@ -92,19 +106,23 @@ def redact(location: str) -> str:
     except ValueError:
         return location
     netloc = parts.netloc
-    if ":" not in netloc.rpartition("@")[0] and "password=" not in parts.query:
+    user, at, host = netloc.rpartition("@")
+    if at and ":" in user:
+        netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    pieces = []
+    for given in parts.query.split("&") if parts.query else ():
+        raw_name, equals, raw_value = given.partition("=")
+        name = urllib.parse.unquote(raw_name)
+        shown = given
+        if name in SECRET_PARAMETERS and equals:
+            shown = f"{raw_name}=***"
+        elif name in _NESTED and equals:
+            inner = urllib.parse.unquote(raw_value)
+            hidden = redact(inner)
+            if hidden != inner:
+                shown = f"{raw_name}={urllib.parse.quote(hidden, safe=':/@')}"
+        pieces.append(shown)
+    query = "&".join(pieces)
+    if netloc == parts.netloc and query == parts.query:
         return location  # nothing to hide: given back exactly as it came
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        if ":" in user:
-            user = user.split(":", 1)[0] + ":***"
-        netloc = f"{user}@{host}"
-    query = parts.query
-    if query:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
-        if any(name == "password" for name, _ in pairs):
-            query = "&".join(
-                f"{name}=***" if name == "password" else urllib.parse.urlencode({name: value})
-                for name, value in pairs
-            )
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))

@@ -26,8 +26,20 @@ random 63-bit token, on a connection of its own; the claims it writes name that 
 shared try-lock on the token fails), whichever host it runs on. When a host dies,
 PostgreSQL ends its session (the store sets the server's TCP keepalives on it) and the
 lock goes with it. A store
-whose lock connection was lost takes a new token before its next claim; its earlier claims
-are then taken as gone by the others (and marked for review, never run again).
+whose lock connection was lost takes a new token before its next claim (if it cannot, the
+claim is refused: none is written without a live owner session); its earlier claims are
+then taken as gone by the others (and marked for review, never run again). The owner
+session turns off the server's session and statement timeouts for itself.
+
+**Poolers.** Open finds how the data connections reach the server (``pooling``): directly,
+through session pooling (supported), or through transaction or statement pooling, which
+hands each transaction to any server session and so cannot keep a session lock: refused,
+unless ``owner_url`` names a direct connection for the owner lock alone. Behind such a
+pooler, each write transaction sets its own lock wait and synchronous commit and reads the
+server's name of its session, and no statement is prepared.
+
+**Durability.** Every write commits with at least ``synchronous_commit = on``, whatever the
+server, database or role says (``remote_apply`` is kept).
 """
 
 from __future__ import annotations
@@ -41,7 +53,8 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -54,16 +67,18 @@ from psycopg import sql
 from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._identity import Identity, identity_digest
 from ._locations import redact
-from ._owner import current_owner, owner_alive
+from ._owner import current_owner, gone_reason, owner_alive
 from ._records import STATUSES, Owner, Record, decode_row, encode_record
 from ._store import Step, StepFunction, Tally
 from ._threads import Trips
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "missing_journal"]
 
 T = TypeVar("T")
 
-SCHEMA_VERSION: Final = "1"
+SCHEMA_VERSION: Final = "2"
+# Versions an open brings up to this one (under the schema lock, in one transaction).
+_MIGRATES: Final = ("1",)
 _KIND: Final = "itemjournal"
 _OPEN_STATUSES: Final = ("started", "needs_review")
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -80,7 +95,30 @@ _KEEPALIVE: Final = {
     "tcp_user_timeout": 11000,
 }
 _FENCE_WAIT_MS: Final = 5000
-_OUR_PARAMETERS: Final = ("schema", "pool_size")
+_OUR_PARAMETERS: Final = ("schema", "pool_size", "owner_url")
+# The owner-lock session ignores the server's timeouts: ending it would make a live owner
+# look dead. One statement, naming only the settings this server has (14+ for the first).
+_PROTECT: Final = (
+    "SELECT set_config(name, '0', false) FROM pg_settings WHERE name IN "
+    "('idle_session_timeout', 'idle_in_transaction_session_timeout', 'statement_timeout')"
+)
+# Every write commits synchronously: at least ``on`` (the WAL flushed before COMMIT
+# returns), keeping ``remote_apply`` where the server or role asks for it. From the
+# weakest: off < local < remote_write < on < remote_apply.
+_DURABLE: Final = (
+    "CASE WHEN current_setting('synchronous_commit') IN ('off', 'local', 'remote_write') "
+    "THEN 'on' ELSE current_setting('synchronous_commit') END"
+)
+# The server's own name for the session running this statement (libpq's backend pid is
+# the pooler's invention behind one) and, for a transaction, when it began.
+_SERVER_ID: Final = (
+    "pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()), "
+    "now()"
+)
+# A statement_timeout below this (in milliseconds) cancels the journal's own statements
+# under ordinary load: open refuses it rather than fail at random later.
+_SHORTEST_STATEMENT_TIMEOUT_MS: Final = 1000
+_POOLING_ROUNDS: Final = 3  # rounds of the multiplexing probe at open
 _RETRIES: Final = 8  # lost insert races (or a lost owner session) before giving up
 
 
@@ -97,6 +135,24 @@ def _failure(what: str, error: BaseException) -> StorageFailed:
     )
     failure.__cause__ = error
     return failure
+
+
+def _split_query(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without the store's own parameters, every other byte of it as given (libpq
+    decodes the rest itself), and the store's parameters, percent-decoded."""
+    parts = urllib.parse.urlsplit(url)
+    kept: list[str] = []
+    ours: dict[str, str] = {}
+    for piece in parts.query.split("&") if parts.query else ():
+        if not piece:
+            continue
+        raw_name, _, raw_value = piece.partition("=")
+        name = urllib.parse.unquote(raw_name)
+        if name in _OUR_PARAMETERS:
+            ours[name] = urllib.parse.unquote(raw_value)
+        else:
+            kept.append(piece)
+    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), ours
 
 
 def _token_of(session: str) -> int | None:
@@ -190,12 +246,14 @@ class _Lost(Exception):
 class PostgresStore:
     """Record documents in a PostgreSQL database, shared by every host that opens it.
 
-    ``location`` is a ``postgresql://`` (or ``postgres://``) URL as libpq takes it; two
-    parameters of the URL are the store's own and are not passed on: ``schema`` (where
-    the tables live, ``itemjournal`` by default) and ``pool_size`` (connections per open
-    store, 8 by default, plus one that holds the owner lock). ``lock_timeout`` bounds, in
+    ``location`` is a ``postgresql://`` (or ``postgres://``) URL as libpq takes it, its
+    parameters passed on exactly as written; three are the store's own and are not passed
+    on: ``schema`` (where the tables live, ``itemjournal`` by default), ``pool_size``
+    (connections per open store, 8 by default, plus one that holds the owner lock) and
+    ``owner_url`` (a percent-encoded ``postgresql://`` URL for the owner-lock session
+    alone, for data connections through a transaction pooler). ``lock_timeout`` bounds, in
     seconds, the wait for a pooled connection, for connecting, and for a row another
-    session has locked. The password never appears in ``location``, ``repr`` or errors.
+    session has locked. No secret of the URL appears in ``location``, ``repr`` or errors.
     """
 
     def __init__(
@@ -210,9 +268,22 @@ class PostgresStore:
                 "a PostgreSQL location is a postgresql://user@host/database URL",
                 code="ABSOLUTE_ROOT_REQUIRED",
             )
-        parts = urllib.parse.urlsplit(url)
-        pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
-        ours = {name: value for name, value in pairs if name in _OUR_PARAMETERS}
+        conninfo, ours = _split_query(url)
+        owner_url = ours.get("owner_url")
+        if owner_url is not None:
+            if not owner_url.startswith(("postgresql://", "postgres://")):
+                raise InvalidArgument(
+                    "owner_url is a percent-encoded postgresql://user@host/database URL, "
+                    f"not {redact(owner_url)!r}",
+                    code="INVALID_ARGUMENT",
+                )
+            owner_conninfo, nested = _split_query(owner_url)
+            if nested:
+                raise InvalidArgument(
+                    f"owner_url names the server of the owner-lock session only; "
+                    f"{', '.join(sorted(nested))} belong to the journal's own URL",
+                    code="INVALID_ARGUMENT",
+                )
         schema = ours.get("schema", "itemjournal")
         if _IDENTIFIER.fullmatch(schema) is None:
             raise InvalidArgument(
@@ -225,8 +296,16 @@ class PostgresStore:
                 f"pool_size is a whole number from 1 to 100, not {size_text!r}",
                 code="INVALID_ARGUMENT",
             )
-        rest = urllib.parse.urlencode([(n, v) for n, v in pairs if n not in _OUR_PARAMETERS])
-        self._conninfo = urllib.parse.urlunsplit(parts._replace(query=rest))
+        self._conninfo = conninfo
+        # The owner lock's session: on a connection of its own, direct when owner_url
+        # says where (the data connections may then go through a transaction pooler).
+        self._owner_conninfo = conninfo if owner_url is None else owner_conninfo
+        self.owner_url_given = owner_url is not None
+        # How the data connections reach the server, found by open: "direct", "session"
+        # (a pooler that keeps one server session per client) or "transaction" (one that
+        # hands a client's transactions to any server session: transaction or statement
+        # pooling); "" before open.
+        self.pooling = ""
         self.location = redact(url)
         self.schema = schema
         self.pool_size = int(size_text)
@@ -251,15 +330,17 @@ class PostgresStore:
             held = sql.SQL(f" AND {_HELD}" if vouched else "")
             self._q_write[True, vouched] = _text(
                 sql.SQL(
-                    "UPDATE {} SET status = %s, claim_id = %s, document = %s WHERE digest = %s{}"
+                    "UPDATE {} SET status = %s, claim_id = %s, document = %s, "
+                    "written_at = clock_timestamp() WHERE digest = %s{}"
                 ),
                 records,
                 held,
             )
             self._q_write[False, vouched] = _text(
                 sql.SQL(
-                    "INSERT INTO {} (status, claim_id, document, digest) "
-                    "SELECT %s, %s, %s, %s WHERE TRUE{} ON CONFLICT (digest) DO NOTHING"
+                    "INSERT INTO {} (status, claim_id, document, digest, written_at) "
+                    "SELECT %s, %s, %s, %s, clock_timestamp() WHERE TRUE{} "
+                    "ON CONFLICT (digest) DO NOTHING"
                 ),
                 records,
                 held,
@@ -279,10 +360,12 @@ class PostgresStore:
         self._session: _Session | None = None
         self._session_lock = threading.Lock()
         self._local = threading.local()  # the connection of the running step, if any
-        # When each pooled connection's backend started: names its session exactly.
-        self._backend_start: weakref.WeakKeyDictionary[psycopg.Connection[Any], object] = (
-            weakref.WeakKeyDictionary()
-        )
+        # The server's own name of the session behind each pooled connection: its pid,
+        # when it started, and when the transaction under way began (read through SQL at
+        # connect, or at each write's start behind a transaction pooler).
+        self._server: weakref.WeakKeyDictionary[
+            psycopg.Connection[Any], tuple[int, object, object]
+        ] = weakref.WeakKeyDictionary()
         self._trips = Trips(self)
 
     @classmethod
@@ -308,23 +391,165 @@ class PostgresStore:
     def _open_sync(self) -> None:
         if self._pool is not None:
             return
-        # The owner lock's own connection first: a server that cannot be reached is
-        # reported at once, with libpq's reason, rather than after the pool's retries.
-        self._renew_session(None)
         try:
+            # The data path first, on connections of its own: a server that cannot be
+            # reached, a transaction pooler, a setting the journal cannot live with, each
+            # is reported at once and says why, before any lock is taken anywhere.
+            self.pooling = self._probe(self._conninfo, self.location, check=True)
+            if self.pooling == "transaction" and not self.owner_url_given:
+                raise StorageFailed(
+                    f"{self.location} is reached through a pooler in transaction (or "
+                    "statement) pooling mode, which hands each transaction to any server "
+                    "session: it cannot keep the session-level lock by which other hosts "
+                    "tell a live owner from a dead one. Connect through session pooling or "
+                    "directly, or give the owner-lock session a direct connection with "
+                    "?owner_url=<percent-encoded postgresql:// URL of the server itself>"
+                )
+            if (
+                self.owner_url_given
+                and self._probe(self._owner_conninfo, f"owner_url of {self.location}", check=False)
+                == "transaction"
+            ):
+                raise StorageFailed(
+                    f"the owner_url of {self.location} is reached through a pooler in "
+                    "transaction (or statement) pooling mode; the owner-lock session needs "
+                    "a direct connection (or session pooling)"
+                )
+            self._renew_session(None)
             self._open_pool()
+            if self.owner_url_given:
+                self._check_owner_reach()
         except BaseException:
             self._close_sync()
             raise
 
+    def _connect(self, conninfo: str, where: str) -> psycopg.Connection[Any]:
+        """A connection of its own (autocommit, no prepared statements), or
+        ``STORAGE_FAILED`` saying why there is none."""
+        try:
+            return psycopg.connect(
+                conninfo,
+                autocommit=True,
+                prepare_threshold=None,
+                connect_timeout=max(1, round(self.lock_timeout)),
+            )
+        except psycopg.Error as error:
+            raise _failure(f"cannot connect to {where}", error) from error
+
+    def _probe(self, conninfo: str, where: str, *, check: bool) -> str:
+        """How ``conninfo`` reaches its server: ``direct``, ``session`` or
+        ``transaction`` (see ``pooling``); with ``check``, also refuse a server on which
+        the journal cannot write durably or at all.
+
+        A pooler answers libpq's backend pid with a number of its own, so a pid that
+        differs from ``pg_backend_pid()`` shows a pooler. Whether it multiplexes: while
+        one client connection stays open, another is opened; a server session seen by
+        both (PgBouncer hands out the most recently used one), or a first connection
+        whose server session changes between two of its own statements, proves that
+        sessions are shared, which session pooling never does. Repeated a few rounds,
+        so that other clients of the pooler taking that session in between cannot hide
+        it."""
+        first = self._connect(conninfo, where)
+        try:
+            with first:
+                seen = {self._server_pid(first)}
+                pooled = first.info.backend_pid not in seen
+                if check:
+                    self._check_server(first, where)
+                for _ in range(_POOLING_ROUNDS):
+                    with self._connect(conninfo, where) as second:
+                        other = self._server_pid(second)
+                    mine = self._server_pid(first)
+                    seen.add(mine)
+                    if other in seen or len(seen) > 1:
+                        return "transaction"
+        except StorageFailed:
+            raise
+        except psycopg.Error as error:
+            raise _failure(f"cannot open the journal in {where}", error) from error
+        return "session" if pooled else "direct"
+
+    @staticmethod
+    def _server_pid(connection: psycopg.Connection[Any]) -> int:
+        row = connection.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _check_server(self, connection: psycopg.Connection[Any], where: str) -> None:
+        """Refuse, with the reason, a server whose settings the journal cannot work
+        under: a read-only session (a standby, or a role or database made read-only), or
+        a ``statement_timeout`` so short that the journal's statements are cancelled."""
+        try:
+            row = connection.execute(
+                "SELECT current_setting('transaction_read_only'), pg_is_in_recovery(), "
+                "current_setting('statement_timeout'), "
+                "(SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout')"
+            ).fetchone()
+        except psycopg.errors.QueryCanceled as error:
+            raise _failure(
+                f"cannot open the journal in {where}: the server cancelled its first "
+                "statement (statement_timeout is too short for the journal; set it to 0 or "
+                f"at least {_SHORTEST_STATEMENT_TIMEOUT_MS} ms for the journal's role or "
+                "database, or pass options=-c%20statement_timeout%3D0 in the URL)",
+                error,
+            ) from error
+        assert row is not None
+        read_only, standby, shown, milliseconds = row
+        if standby:
+            raise StorageFailed(
+                f"cannot open the journal in {where}: the server is a standby (in "
+                "recovery), which takes no writes; connect to the primary"
+            )
+        if read_only == "on":
+            raise StorageFailed(
+                f"cannot open the journal in {where}: its sessions are read-only "
+                "(default_transaction_read_only is on for this role or database); the "
+                "journal writes every claim, so it needs a role that may write"
+            )
+        if 0 < int(milliseconds) < _SHORTEST_STATEMENT_TIMEOUT_MS:
+            raise StorageFailed(
+                f"cannot open the journal in {where}: statement_timeout is {shown} for "
+                "this role or database, so short that the journal's statements would be "
+                f"cancelled; set it to 0 or at least {_SHORTEST_STATEMENT_TIMEOUT_MS} ms "
+                "(ALTER ROLE ... SET statement_timeout, or "
+                "options=-c%20statement_timeout%3D0 in the URL)"
+            )
+
+    def _check_owner_reach(self) -> None:
+        """The owner lock, taken through ``owner_url``, must be seen from the data
+        connections: the same server and database (advisory locks are per database)."""
+        session = self._session
+        assert session is not None
+
+        def ask(connection: psycopg.Connection[Any]) -> bool:
+            held = self._ask_held(connection, session.token)
+            connection.rollback()
+            return held
+
+        try:
+            seen = self._idempotent(ask)
+        except psycopg.Error as error:
+            raise _failure(f"cannot ask {self.location} which owners live", error) from error
+        if not seen:
+            raise StorageFailed(
+                f"the owner_url of {self.location} reaches another server or database than "
+                "the journal's own URL: its owner lock cannot be seen from there"
+            )
+
     def _open_pool(self) -> None:
+        kwargs: dict[str, Any] = {
+            "autocommit": False,
+            "connect_timeout": max(1, round(self.lock_timeout)),
+        }
+        if self.pooling == "transaction":
+            kwargs["prepare_threshold"] = None  # a prepared statement lives in one session
         pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             self._conninfo,
             min_size=1,
             max_size=self.pool_size,
             open=False,
             timeout=self.lock_timeout,
-            kwargs={"autocommit": False, "connect_timeout": max(1, round(self.lock_timeout))},
+            kwargs=kwargs,
             configure=self._configure,
             name=f"itemjournal-{secrets.token_hex(4)}",
         )
@@ -338,20 +563,44 @@ class PostgresStore:
             self._prepare(connection)
 
     def _configure(self, connection: psycopg.Connection[Any]) -> None:
-        # Rows another session holds are waited for at most lock_timeout.
-        milliseconds = max(1, round(self.lock_timeout * 1000))
-        connection.execute(f"SET lock_timeout = {milliseconds}")
+        if self.pooling == "transaction":
+            # Session settings would land on whichever server session ran the SET: each
+            # write transaction makes its own (``_start_write``).
+            return
+        # Rows another session holds are waited for at most lock_timeout; every commit
+        # is synchronous; and the server's own name for this session, for fencing.
         row = connection.execute(
-            "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            f"SELECT set_config('lock_timeout', %s, false), "
+            f"set_config('synchronous_commit', {_DURABLE}, false), {_SERVER_ID}",
+            (self._lock_timeout_ms(),),
         ).fetchone()
-        self._backend_start[connection] = None if row is None else row[0]
+        assert row is not None
+        self._server[connection] = (int(row[2]), row[3], None)
         connection.commit()
+
+    def _lock_timeout_ms(self) -> str:
+        return str(max(1, round(self.lock_timeout * 1000)))
+
+    def _start_write(self, connection: psycopg.Connection[Any]) -> None:
+        """Behind a transaction pooler, the first statement of a write transaction: its
+        lock wait and synchronous commit (for this transaction only, on whichever server
+        session runs it) and that session's name for fencing."""
+        if self.pooling != "transaction":
+            return
+        row = connection.execute(
+            f"SELECT set_config('lock_timeout', %s, true), "
+            f"set_config('synchronous_commit', {_DURABLE}, true), {_SERVER_ID}",
+            (self._lock_timeout_ms(),),
+        ).fetchone()
+        assert row is not None
+        self._server[connection] = (int(row[2]), row[3], row[4])
 
     def _prepare(self, connection: psycopg.Connection[Any]) -> None:
         """Create the schema and tables, or check the ones there, in one transaction that
         holds a lock, so that first openers on many hosts never trip over each other."""
         schema = sql.Identifier(self.schema)
         try:
+            self._start_write(connection)
             connection.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_CREATE_LOCK, self.schema)
             )
@@ -367,7 +616,8 @@ class PostgresStore:
                     f"{self.location} (schema {self.schema}) holds tables that itemjournal "
                     "did not make; choose another schema with ?schema=name"
                 )
-            self._check_meta(connection)
+            if self._check_meta(connection, migrate=True) in _MIGRATES:
+                self._migrate(connection)
             connection.commit()
         except psycopg.Error as error:
             self._roll_back(connection)
@@ -385,7 +635,8 @@ class PostgresStore:
                 'CREATE TABLE {} (digest text COLLATE "C" PRIMARY KEY '
                 "CHECK (digest ~ '^[0-9a-f]{{64}}$'), "
                 "status text NOT NULL CHECK (status IN ({})), "
-                "claim_id text NOT NULL, document bytea NOT NULL)"
+                "claim_id text NOT NULL, document bytea NOT NULL, "
+                "written_at timestamptz NOT NULL DEFAULT clock_timestamp())"
             ).format(self._records, statuses),
             sql.SQL("CREATE INDEX {} ON {} (status, digest) WHERE status IN ({})").format(
                 sql.Identifier("records_open"), self._records, open_statuses
@@ -411,7 +662,33 @@ class PostgresStore:
         ):
             connection.execute(statement)
 
-    def _check_meta(self, connection: psycopg.Connection[Any]) -> None:
+    def _migrate(self, connection: psycopg.Connection[Any]) -> None:
+        """Version 1 to 2: the server-stamped ``written_at``, by which ``ages`` (and so
+        ``prune``) judges a record's age on the server's clock.
+
+        Rows written before the column existed cannot say when they were written: they
+        are given the migration's own time (the server's ``now()``, fixed once for them
+        all), the latest time they can have been written. Their age is then never
+        overstated: a prune waits its full period from the migration before it removes
+        one, rather than removing too early a record that a stale client clock would
+        call old. Later writes stamp the column themselves; the default (the server's
+        clock) covers a writer that names no value."""
+        for statement in (
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN written_at timestamptz NOT NULL DEFAULT now()"
+            ).format(self._records),
+            sql.SQL("ALTER TABLE {} ALTER COLUMN written_at SET DEFAULT clock_timestamp()").format(
+                self._records
+            ),
+            sql.SQL("UPDATE {} SET value = {} WHERE key = 'schema_version'").format(
+                self._meta, sql.Literal(SCHEMA_VERSION)
+            ),
+        ):
+            connection.execute(statement)
+
+    def _check_meta(self, connection: psycopg.Connection[Any], *, migrate: bool = False) -> str:
+        """The schema's version; refuses a schema not ours, or a version this code does
+        not read (with ``migrate``, one it can bring up to date is let through)."""
         try:
             rows = dict(
                 connection.execute(
@@ -428,11 +705,12 @@ class PostgresStore:
                 f"{self.location} (schema {self.schema}) was not made by itemjournal"
             )
         version = rows.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version != SCHEMA_VERSION and not (migrate and version in _MIGRATES):
             raise StorageFailed(
                 f"{self.location} (schema {self.schema}) has journal schema version "
                 f"{version!r}; this itemjournal reads version {SCHEMA_VERSION}"
             )
+        return str(version)
 
     async def check(self) -> list[str]:
         return await self._trips.run(self._check_sync)
@@ -467,9 +745,23 @@ class PostgresStore:
     # ------------------------------------------------------------------ owners
 
     def owner(self) -> Owner:
+        """This process, in the session that holds our owner lock now. A session lost
+        earlier (its renewal failed) is renewed here first; if it cannot be, this raises
+        ``STORAGE_FAILED``, and no claim is made without a live owner session."""
         session = self._session
-        me = current_owner()
-        return me if session is None else dataclasses.replace(me, session=session.name)
+        if session is None:
+            self._renew_session(None)
+            session = self._session
+            assert session is not None
+        return dataclasses.replace(current_owner(), session=session.name)
+
+    def gone_reason(self, owner: Owner | None) -> str:
+        """The review reason for a started record whose ``owner`` was judged gone: its
+        database session ended, or (an owner without one, judged as on one host) its
+        process."""
+        if owner is not None and _token_of(owner.session) is not None:
+            return "owner session gone"
+        return gone_reason(owner)
 
     def owner_alive(self, owner: Owner | None) -> bool | None:
         """Whether the session that made ``owner``'s claim still holds its lock, on any host.
@@ -516,15 +808,17 @@ class PostgresStore:
                 with contextlib.suppress(Exception):
                     lost.connection.close()
                 self._session = None
+            where = f"owner_url of {self.location}" if self.owner_url_given else self.location
             try:
-                connection = psycopg.connect(
-                    self._conninfo,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self.lock_timeout)),
-                )
-            except psycopg.Error as error:
-                raise _failure(f"cannot connect to {self.location}", error) from error
+                connection = self._connect(self._owner_conninfo, where)
+            except StorageFailed as error:
+                raise StorageFailed(
+                    f"the owner session in {self.location} is lost and cannot be renewed, "
+                    f"so no claim can be made ({error.message})",
+                    errno=error.errno,
+                ) from error.__cause__
             try:
+                connection.execute(_PROTECT)
                 for name, value in _KEEPALIVE.items():
                     connection.execute(
                         sql.SQL("SET {} = {}").format(sql.Identifier(name), sql.Literal(str(value)))
@@ -539,7 +833,7 @@ class PostgresStore:
                         break
             except psycopg.Error as error:
                 connection.close()
-                raise _failure(f"cannot take an owner lock in {self.location}", error) from error
+                raise _failure(f"cannot take an owner lock in {where}", error) from error
             self._session = _Session(connection, token, int(row[1]))
 
     # ------------------------------------------------------------------ connections
@@ -684,6 +978,39 @@ class PostgresStore:
                 counted["invalid"] += 1
         return counted
 
+    async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
+        """For each identity, how long ago its record was last written by the store's own clock
+        (here: the server's), in one read; None where the store has no such witness or no record.
+
+        The server stamps ``written_at`` with its own clock on every write; the age is
+        its ``now()`` minus that, never below zero (a server clock stepped back makes a
+        record young, never old). A row older than the column carries the time of the
+        migration that added it (see ``_migrate``)."""
+        digests = [identity_digest(identity) for identity in identities]
+        return await self._trips.run(self._ages_sync, digests)
+
+    def _ages_sync(self, digests: list[str]) -> list[timedelta | None]:
+        if not digests:
+            return []
+        query = _text(
+            sql.SQL(
+                "SELECT digest, greatest(now() - written_at, interval '0') FROM {} "
+                "WHERE digest = ANY(%s)"
+            ),
+            self._records,
+        )
+
+        def read(connection: psycopg.Connection[Any]) -> dict[str, timedelta]:
+            found = {str(digest): age for digest, age in connection.execute(query, (digests,))}
+            connection.rollback()
+            return found
+
+        try:
+            ages = self._idempotent(read)
+        except psycopg.Error as error:
+            raise _failure(f"cannot read the ages of records in {self.location}", error) from error
+        return [ages.get(digest) for digest in digests]
+
     def _page_query(self, status: str | None) -> str:
         condition: sql.Composable = sql.SQL("")
         if status is not None:
@@ -734,6 +1061,7 @@ class PostgresStore:
 
     def _setting_sync(self, key: str, value: str) -> str:
         def record(connection: psycopg.Connection[Any]) -> str:
+            self._start_write(connection)
             connection.execute(
                 sql.SQL(
                     "INSERT INTO {} (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
@@ -794,6 +1122,7 @@ class PostgresStore:
     ) -> T:
         """One transaction: lock the row, decide, write, commit. ``_Lost``: try again."""
         try:
+            self._start_write(connection)
             row = connection.execute(
                 self._q_lock,
                 (digest,),
@@ -825,14 +1154,18 @@ class PostgresStore:
         # A claim made in our session is written only while our session holds its owner
         # lock: checked by the write statement itself, so it costs no round trip.
         vouch = None
-        if decision.write is not None and session is not None:
-            owner = decision.write.owner
-            if (
-                decision.write.status == "started"
-                and owner is not None
-                and owner.session == session.name
-            ):
+        write = decision.write
+        if write is not None and write.status == "started" and write.owner is not None:
+            session = self._session if session is None else session
+            if session is not None and write.owner.session == session.name:
                 vouch = session
+            elif current is None or current.claim_id != write.claim_id:
+                # A new claim that no live session of ours vouches for: never written.
+                self._roll_back(connection)
+                raise StorageFailed(
+                    f"the claim of the record {digest} in {self.location} names no live "
+                    "owner session of this store, so nothing was written"
+                )
         try:
             if not self._write(connection, digest, row is not None, decision, data, vouch=vouch):
                 held = vouch is None or self._held(connection, vouch.token)
@@ -893,8 +1226,9 @@ class PostgresStore:
         before: object,
         data: bytes | None,
     ) -> None:
-        pid = connection.info.backend_pid
-        started = self._backend_start.get(connection)
+        # The server's own name of the session (never libpq's backend pid, which a
+        # pooler invents), read through SQL when the connection or transaction began.
+        server = self._server.get(connection)
         try:
             connection.commit()
         except psycopg.Error as error:
@@ -906,7 +1240,7 @@ class PostgresStore:
                     f"nothing was written",
                     error,
                 ) from error
-            outcome = self._settle(pid, started, digest, before, data)
+            outcome = self._settle(server, digest, before, data)
             if outcome is True:
                 self.commits += 1
                 self.unknown_settled += 1
@@ -927,26 +1261,33 @@ class PostgresStore:
         self.commits += 1
 
     def _settle(
-        self, pid: int, started: object, digest: str, before: object, data: bytes | None
+        self,
+        server: tuple[int, object, object] | None,
+        digest: str,
+        before: object,
+        data: bytes | None,
     ) -> bool | str:
-        """After a lost commit: end the session that ran it (if it still runs), then read
-        the row afresh. True: our write is there; False: the row is as it was before;
-        otherwise why it cannot be told."""
+        """After a lost commit: end the server session that ran it (if it still runs),
+        then read the row afresh. True: our write is there; False: the row is as it was
+        before; otherwise why it cannot be told.
+
+        The session is named as the server names it: its pid and start, and behind a
+        transaction pooler the start of our transaction too (a pooled server session
+        that has gone on to another client's transaction is left alone: ours is over)."""
+        if server is None:
+            return "the session that ran it is not known"
+        pid, started, transaction = server
         try:
-            with contextlib.closing(
-                psycopg.connect(
-                    self._conninfo,
-                    autocommit=True,
-                    connect_timeout=max(1, round(self.lock_timeout)),
-                )
-            ) as fresh:
+            # Through owner_url, when given, the fence and the re-read skip the pooler.
+            with self._connect(self._owner_conninfo, self.location) as fresh:
                 deadline = time.monotonic() + _FENCE_WAIT_MS / 1000
                 while True:
                     # backend_start tells that session from a later one given the same pid
                     row = fresh.execute(
                         "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
-                        "WHERE pid = %s AND (%s::timestamptz IS NULL OR backend_start = %s)",
-                        (_FENCE_WAIT_MS, pid, started, started),
+                        "WHERE pid = %s AND (%s::timestamptz IS NULL OR backend_start = %s) "
+                        "AND (%s::timestamptz IS NULL OR xact_start = %s)",
+                        (_FENCE_WAIT_MS, pid, started, started, transaction, transaction),
                     ).fetchone()
                     if row is None:
                         break  # that session is over: its transaction committed or never will
@@ -957,7 +1298,7 @@ class PostgresStore:
                     sql.SQL("SELECT document FROM {} WHERE digest = %s").format(self._records),
                     (digest,),
                 ).fetchone()
-        except psycopg.Error as error:
+        except (psycopg.Error, StorageFailed) as error:
             return f"cannot read it again: {_describe(error)}"
         now = None if found is None else _bytes(found[0])
         if now == data:
@@ -965,6 +1306,34 @@ class PostgresStore:
         if now == before:
             return False
         return "the record has changed since"
+
+
+def missing_journal(url: str, *, timeout: float = 10.0) -> str | None:
+    """Why the PostgreSQL location ``url`` holds no journal (the server answers, and the
+    location's schema has no journal tables), or None: there is one, or the server could
+    not be asked (``Journal.open`` then says why). For the command line and the viewer,
+    which read journals and never create one. Blocks: call it from a worker thread."""
+    store = PostgresStore(url)  # the location's own checks (schema name, owner_url)
+    try:
+        with psycopg.connect(
+            store._conninfo,
+            autocommit=True,
+            prepare_threshold=None,
+            connect_timeout=max(1, round(timeout)),
+        ) as connection:
+            row = connection.execute(
+                "SELECT to_regnamespace(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL",
+                (store.schema, f"{store.schema}.meta"),
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    assert row is not None
+    schema, meta = row
+    if not schema:
+        return f"no journal in {store.location}: there is no schema {store.schema}"
+    if not meta:
+        return f"no journal in {store.location}: schema {store.schema} holds no journal tables"
+    return None
 
 
 def _bytes(value: object) -> object:

@@ -764,9 +764,19 @@ def _require_journal(location: str) -> None:
     """Refuse a location that holds no journal: the viewer reads, it never creates one.
 
     A relative or otherwise malformed location is left for ``Journal.open`` to refuse
-    with its own code. A PostgreSQL location is not looked at here: the database is the
-    server's to keep, and opening makes the journal's tables there if they are missing."""
+    with its own code. A PostgreSQL location is asked of its server: a schema without the
+    journal's tables is refused (opening would make them); a server that cannot be asked
+    is left for ``Journal.open`` to report."""
     if location.startswith(("postgresql://", "postgres://")):
+        try:
+            from ._pgstore import missing_journal
+        except ImportError:
+            return
+        missing = missing_journal(location)
+        if missing is not None:
+            raise InvalidArgument(
+                f"{missing}; the viewer never creates one", code="INVALID_ARGUMENT"
+            )
         return
     if location.startswith("sqlite://"):
         path = location[len("sqlite://") :]
