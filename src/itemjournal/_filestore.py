@@ -56,6 +56,7 @@ from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
 from ._kernelclock import kernel_time
 from ._owner import (
     ProcessOwners,
+    current_owner,
     current_pid,
     local_process_space,
     own_process,
@@ -461,6 +462,7 @@ class FileStore(ProcessOwners):
             raise _fail(f"cannot create the journal directory {self.location}", error) from error
         self.sweep_temps_sync()
         self._check_settings_sync()
+        current_owner()  # named now: a process short of descriptors later still names itself
 
     def _check_settings_sync(self) -> None:
         """Refuse a location whose settings document is not one of ours (left untouched)."""

@@ -180,14 +180,6 @@ def _check_receipt(value: object) -> str:
     return value
 
 
-def _make_store(location: str, *, lock_timeout: float, trust_shared_root: bool) -> Store:
-    """The store for ``location`` (worker thread). Its owner is named here, before any
-    claim: a process that runs short of file descriptors later still names itself."""
-    store = open_store(location, lock_timeout=lock_timeout, trust_shared_root=trust_shared_root)
-    store.owner()
-    return store
-
-
 class Journal:
     """Durable intent before an external effect; the caller's declaration after it.
 
@@ -265,7 +257,7 @@ class Journal:
         # A store's module is imported on first use, and imports read files: in a thread.
         store = await run_in_thread(
             functools.partial(
-                _make_store,
+                open_store,
                 text,
                 lock_timeout=float(lock_timeout),
                 trust_shared_root=trust_shared_root,

@@ -391,6 +391,7 @@ class PostgresStore:
     def _open_sync(self) -> None:
         if self._pool is not None:
             return
+        current_owner()  # named now: a process short of descriptors later still names itself
         try:
             # The data path first, on connections of its own: a server that cannot be
             # reached, a transaction pooler, a setting the journal cannot live with, each

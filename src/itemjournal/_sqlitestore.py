@@ -47,7 +47,7 @@ from ._errors import InvalidArgument, RecordInvalid, StorageFailed
 from ._fileio import FileSystem
 from ._identity import Identity, identity_digest
 from ._kernelclock import kernel_time
-from ._owner import ProcessOwners
+from ._owner import ProcessOwners, current_owner
 from ._records import STATUSES as _STATUSES
 from ._records import Record, decode_row, encode_record
 from ._store import Step, StepFunction, Tally
@@ -489,6 +489,7 @@ class SQLiteStore(ProcessOwners):
         return connection
 
     def _open_step(self, opening: _Opening) -> bool:
+        current_owner()  # named now: a process short of descriptors later still names itself
         """One try at opening; False when another process holds a lock it needs.
 
         The writer connection never waits inside SQLite (busy timeout 0): ``open``
