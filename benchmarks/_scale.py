@@ -42,12 +42,12 @@ from _common import (
 from _stores import PG_POOL_SIZE, _drop_schema, postgres_location
 
 from itemjournal import Claim, Journal, definition_digest
-from itemjournal._fileio import FileSystem
-from itemjournal._filestore import FileStore
-from itemjournal._identity import Identity, identity_digest
-from itemjournal._records import Record, encode_record
-from itemjournal._store import Step, Store
-from itemjournal._viewer import create_app
+from itemjournal._model.identity import Identity, identity_digest
+from itemjournal._model.records import Record, encode_record
+from itemjournal._operator.viewer.app import create_app
+from itemjournal._stores.fileio import FileSystem
+from itemjournal._stores.files.store import FileStore
+from itemjournal._stores.seam import Step, Store
 
 SCALE_WARMUP = 10  # cycles run before the timed ones at each size, not recorded
 REVIEW_EVERY = 100  # one seeded record in this many is needs_review

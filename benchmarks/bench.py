@@ -607,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
         print(notice, file=sys.stderr)
         skipped.append(notice)
     else:
-        from itemjournal._locations import redact
+        from itemjournal._stores.registry import redact
 
         environment += f"; PostgreSQL server {redact(url)}"
     _log(environment)

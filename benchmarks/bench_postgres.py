@@ -72,9 +72,9 @@ from _common import (
 )
 
 from itemjournal import Journal, definition_digest, input_digest
-from itemjournal._identity import identity_digest
-from itemjournal._locations import redact
-from itemjournal._pgstore import PostgresStore
+from itemjournal._model.identity import identity_digest
+from itemjournal._stores.postgres.store import PostgresStore
+from itemjournal._stores.registry import redact
 
 WORKLOADS = ("store", "bare")
 CONCURRENCIES = (1, 16, 64)

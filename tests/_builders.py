@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from itemjournal import Identity, Owner, definition_digest
-from itemjournal._records import Record
+from itemjournal._model.records import Record
 
 NOW = "2026-11-30T00:00:00.000000+00:00"
 DEFINITION = definition_digest("billing-v1")
@@ -54,8 +54,8 @@ def written_long_ago(location: str, seconds: float) -> None:
 def dead_owner(pid: int = 2**22 + 1) -> Owner:
     """An owner of this boot and these namespaces whose process is gone: ``pid`` is above
     the kernel's pid limit, so no process has it."""
-    from itemjournal._owner import current_owner
-    from itemjournal._records import parse_process
+    from itemjournal._model.records import parse_process
+    from itemjournal._stores.owners import current_owner
 
     me = current_owner()
     name = parse_process(me.process)

@@ -50,7 +50,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             pytest.exit(f"{INSTALLED_VARIABLE}=1: {problem}", returncode=3)
 
 
-# Owners log the boots of their machine (``itemjournal._owner.boot_log_path``); the suite,
+# Owners log the boots of their machine (``itemjournal._stores.owners.boot_log_path``); the suite,
 # and every process it starts, keeps a log of its own instead of the machine's.
 os.environ.setdefault("ITEMJOURNAL_STATE_DIR", tempfile.mkdtemp(prefix="itemjournal-test-state-"))
 
@@ -255,7 +255,7 @@ def _close_forgotten_postgres_stores(monkeypatch: pytest.MonkeyPatch) -> Iterato
     """Close any PostgreSQL store a test opened and left open, so that its connections
     (and the server's connection slots) do not outlive the test."""
     try:
-        from itemjournal._pgstore import PostgresStore
+        from itemjournal._stores.postgres.store import PostgresStore
     except ImportError:  # pragma: no cover - the postgres extra is part of the test extra
         yield
         return

@@ -24,8 +24,8 @@ from click.testing import CliRunner, Result
 
 import itemjournal
 from itemjournal import Claim, Identity, Journal, definition_digest
-from itemjournal._cli import cli
-from itemjournal._identity import identity_digest
+from itemjournal._model.identity import identity_digest
+from itemjournal._operator.cli.app import cli
 
 DEFINITION = definition_digest("cli-tests-v1")
 SECRET = "4242-4242-secret-card"  # an input value: it must never appear in any output
@@ -181,7 +181,7 @@ def plant_invalid(location: str, identity: Identity) -> None:
 
 def _patch_clock(monkeypatch: pytest.MonkeyPatch, stamp: str) -> None:
     """Make every module of the journal read ``stamp`` as the time now."""
-    from itemjournal import _records
+    from itemjournal._model import records as _records
 
     real = _records.utc_now
     for name, module in list(sys.modules.items()):
@@ -998,7 +998,7 @@ def test_a_keyed_journal_needs_its_key_file(kind: str, tmp_path: Path) -> None:
 
 
 def test_serve_validates_then_calls_the_viewer(loc: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from itemjournal import _viewer
+    from itemjournal._operator.viewer import app as _viewer
 
     calls: list[tuple[str, dict[str, Any]]] = []
     monkeypatch.setattr(_viewer, "serve", lambda location, **kw: calls.append((location, kw)))
@@ -1042,7 +1042,7 @@ def test_serve_validates_then_calls_the_viewer(loc: str, monkeypatch: pytest.Mon
 def test_serve_refuses_an_open_address_without_a_token(
     loc: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from itemjournal import _viewer
+    from itemjournal._operator.viewer import app as _viewer
 
     monkeypatch.setattr(_viewer, "serve", lambda *a, **kw: pytest.fail("must not serve"))
     for host in ("0.0.0.0", "192.0.2.7", "::", "example.org"):
@@ -1052,7 +1052,7 @@ def test_serve_refuses_an_open_address_without_a_token(
 
 
 def test_serve_without_the_viewer(loc: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "itemjournal._viewer", None)
+    monkeypatch.setitem(sys.modules, "itemjournal._operator.viewer.app", None)
     line = one_error(invoke("-L", loc, "serve"), "VIEWER_UNAVAILABLE", 1)
     assert "no web viewer" in line
 
@@ -1280,7 +1280,7 @@ def test_progress_meter_in_process(loc: str, monkeypatch: pytest.MonkeyPatch) ->
 
     from rich.console import Console
 
-    from itemjournal import _cli
+    from itemjournal._operator.cli import app as _cli
 
     screen = io.StringIO()
     monkeypatch.setattr(
@@ -1322,9 +1322,9 @@ def test_a_postgres_location_is_passed_through_and_shown_redacted(
     import importlib.util
 
     try:  # imported here, outside any event loop, when it is there at all
-        store = importlib.util.find_spec("itemjournal._pgstore") is not None
+        store = importlib.util.find_spec("itemjournal._stores.postgres.store") is not None
         if store:
-            importlib.import_module("itemjournal._pgstore")
+            importlib.import_module("itemjournal._stores.postgres.store")
     except ImportError:
         store = False
     real_open = Journal.open.__func__  # type: ignore[attr-defined]
@@ -1362,7 +1362,7 @@ def test_an_oversized_key_or_receipt_file(loc: str, tmp_path: Path) -> None:
     big_key = tmp_path / "big.key"
     big_key.write_bytes(b"k" * 5000)
     one_error(invoke("-L", loc, "--input-key-file", str(big_key), "list"), "INVALID_KEY_FILE")
-    from itemjournal import _cli
+    from itemjournal._operator.cli import app as _cli
 
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(_cli, "_MAX_RECEIPT_FILE_BYTES", 10)
@@ -1384,7 +1384,7 @@ def test_main_without_standalone_mode_returns_the_exit_code(
 def test_main_is_the_console_script(
     loc: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from itemjournal import _cli
+    from itemjournal._operator.cli import app as _cli
 
     monkeypatch.setattr(sys, "argv", ["itemjournal", "-L", loc, "verify"])
     with pytest.raises(SystemExit) as exit_info:
@@ -1415,7 +1415,7 @@ def test_python_dash_m_runs_the_command(
 def test_interrupts_and_other_click_errors_are_one_line(
     loc: str, monkeypatch: pytest.MonkeyPatch, raised: BaseException, code: str, exit_code: int
 ) -> None:
-    from itemjournal import _cli
+    from itemjournal._operator.cli import app as _cli
 
     def fail(*args: object) -> None:
         raise raised
@@ -1429,7 +1429,7 @@ def test_interrupts_and_other_click_errors_are_one_line(
 
 
 def test_a_closed_stdout_in_process(loc: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from itemjournal import _cli
+    from itemjournal._operator.cli import app as _cli
 
     def closed(lines: object) -> None:
         raise BrokenPipeError(32, "Broken pipe")
@@ -1481,7 +1481,7 @@ def test_bulk_resolve_when_a_record_changes_under_it(
 
 
 def test_serve_when_the_viewer_extra_is_missing(loc: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "itemjournal._viewer", raising=False)
+    monkeypatch.delitem(sys.modules, "itemjournal._operator.viewer.app", raising=False)
     monkeypatch.delattr(itemjournal, "_viewer", raising=False)
     monkeypatch.setitem(sys.modules, "jinja2", None)
     line = one_error(invoke("-L", loc, "serve"), "VIEWER_UNAVAILABLE", 1)

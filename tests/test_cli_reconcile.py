@@ -19,8 +19,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from itemjournal import Claim, Identity, Journal, RecordView, definition_digest
-from itemjournal._cli import cli
-from itemjournal._identity import identity_digest
+from itemjournal._model.identity import identity_digest
+from itemjournal._operator.cli.app import cli
 
 DEFINITION = definition_digest("cli-reconcile-tests-v1")
 CLEAN_ENV: dict[str, str | None] = {
@@ -463,7 +463,7 @@ def test_a_progress_bar_on_a_terminal_but_not_for_json(
 ) -> None:
     from rich.console import Console
 
-    from itemjournal import _cli
+    from itemjournal._operator.cli import app as _cli
 
     screen = io.StringIO()
     monkeypatch.setattr(

@@ -23,12 +23,12 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal import _viewer as viewer_module
-from itemjournal._filestore import FileStore
-from itemjournal._identity import identity_digest
-from itemjournal._memorystore import MemoryStore
-from itemjournal._records import Record, encode_record
-from itemjournal._viewer import create_app
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import Record, encode_record
+from itemjournal._operator.viewer import app as viewer_module
+from itemjournal._operator.viewer.app import create_app
+from itemjournal._stores.files.store import FileStore
+from itemjournal._stores.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from itemjournal import FileStore, FileSystem, Journal, StorageFailed
-from itemjournal import _filestore as filestore_module
-from itemjournal._dirs import make_dirs
+from itemjournal._stores.dirs import make_dirs
+from itemjournal._stores.files import store as filestore_module
 
 pytestmark = pytest.mark.anyio
 

@@ -67,13 +67,13 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._filestore import (
+from itemjournal._model.records import Record, clear_decode_cache
+from itemjournal._stores.files.store import (
     _BOOT_DIGITS,
     _NAMESPACE_DIGITS,
     _parse_writer_token,
     _writer_token,
 )
-from itemjournal._records import Record, clear_decode_cache
 
 pytestmark = pytest.mark.anyio
 
@@ -609,7 +609,7 @@ async def test_every_failing_call_of_an_operation_acknowledges_nothing_false(
 
 _WRITER = """
 import os, sys
-from itemjournal._filestore import _writer_token
+from itemjournal._stores.files.store import _writer_token
 print(os.getpid(), _writer_token(), flush=True)
 sys.stdin.read()
 """

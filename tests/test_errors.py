@@ -22,7 +22,7 @@ from itemjournal import (
     UnresolvedClaim,
     definition_digest,
 )
-from itemjournal._identity import identity_digest
+from itemjournal._model.identity import identity_digest
 
 
 def test_codes_and_bases() -> None:

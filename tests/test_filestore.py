@@ -20,8 +20,8 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._records import Record
-from itemjournal._store import Step
+from itemjournal._model.records import Record
+from itemjournal._stores.seam import Step
 
 pytestmark = pytest.mark.anyio
 

@@ -48,7 +48,7 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._records import Record
+from itemjournal._model.records import Record
 
 pytestmark = pytest.mark.anyio
 
@@ -222,7 +222,7 @@ async def test_complete_whose_directory_fsync_fails_restores_started_and_calls_i
 async def test_a_failed_directory_fsync_of_a_removal_is_called_unknown(
     anyio_backend: str, root: Path
 ) -> None:
-    from itemjournal._store import Step
+    from itemjournal._stores.seam import Step
 
     fs = FaultyFileSystem()
     store = await open_store(root, fs)

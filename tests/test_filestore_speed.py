@@ -28,11 +28,11 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._filestore import _TEMP, _shows_other_status, try_lock_record
-from itemjournal._identity import identity_digest
-from itemjournal._owner import current_pid
-from itemjournal._records import Record, encode_record
-from itemjournal._store import Step
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import Record, encode_record
+from itemjournal._stores.files.store import _TEMP, _shows_other_status, try_lock_record
+from itemjournal._stores.owners import current_pid
+from itemjournal._stores.seam import Step
 
 DEFINITION = definition_digest("speed-v1")
 INPUTS = {"n": "1"}

@@ -56,8 +56,8 @@ from itemjournal import (
     Reuse,
     definition_digest,
 )
-from itemjournal._identity import identity_digest
-from itemjournal._records import (
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import (
     HISTORY_LIMIT,
     MAX_RECORD_BYTES,
     STATUSES,

@@ -11,7 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from itemjournal import Identity, InvalidArgument, definition_digest, input_digest
-from itemjournal._identity import InputDigester, coerce_identity, identity_digest, require_hash
+from itemjournal._model.identity import (
+    InputDigester,
+    coerce_identity,
+    identity_digest,
+    require_hash,
+)
 
 labels = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}", fullmatch=True)
 

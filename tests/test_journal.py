@@ -26,7 +26,7 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
-from itemjournal._identity import identity_digest
+from itemjournal._model.identity import identity_digest
 
 if TYPE_CHECKING:
     from conftest import JournalFactory

@@ -24,7 +24,7 @@ import _pg
 import anyio
 import pytest
 
-import itemjournal._journal as journal_module
+import itemjournal._journal.journal as journal_module
 from itemjournal import (
     Claim,
     ConflictError,
@@ -38,9 +38,9 @@ from itemjournal import (
     UnresolvedClaim,
     definition_digest,
 )
-from itemjournal._filestore import try_lock_record
-from itemjournal._identity import identity_digest
-from itemjournal._records import clear_decode_cache, decode_record, encode_record
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import clear_decode_cache, decode_record, encode_record
+from itemjournal._stores.files.store import try_lock_record
 
 pytestmark = pytest.mark.anyio
 

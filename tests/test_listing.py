@@ -24,7 +24,7 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._identity import identity_digest
+from itemjournal._model.identity import identity_digest
 
 pytestmark = pytest.mark.anyio
 

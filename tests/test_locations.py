@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from itemjournal import FileStore, InvalidArgument, SQLiteStore
-from itemjournal._locations import open_store, redact
+from itemjournal._stores.registry import open_store, redact
 
 
 def test_a_path_is_the_file_store() -> None:
@@ -31,7 +31,7 @@ def test_sqlite_names_the_sqlite_store() -> None:
 
 @pytest.mark.parametrize("scheme", ["postgresql", "postgres", "POSTGRESQL"])
 def test_postgresql_names_the_postgresql_store(scheme: str) -> None:
-    from itemjournal._pgstore import PostgresStore
+    from itemjournal._stores.postgres.store import PostgresStore
 
     store = open_store(
         f"{scheme}://app@db.internal/jobs", lock_timeout=1.0, trust_shared_root=False
@@ -54,10 +54,10 @@ def test_importing_the_package_imports_no_database_driver() -> None:
         """
         import sys
         import itemjournal
-        from itemjournal._locations import open_store
+        from itemjournal._stores.registry import open_store
         open_store("/tmp/x", lock_timeout=1.0, trust_shared_root=False)
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("psycopg", "psycopg_pool")))
-        print("itemjournal._pgstore" in sys.modules)
+        print("itemjournal._stores.postgres.store" in sys.modules)
         """
     )
     done = subprocess.run(
@@ -71,7 +71,7 @@ def test_a_missing_driver_names_the_extra() -> None:
         """
         import sys
         sys.modules["psycopg"] = None  # as if the postgres extra were not installed
-        from itemjournal._locations import open_store
+        from itemjournal._stores.registry import open_store
         try:
             open_store("postgresql://db/jobs", lock_timeout=1.0, trust_shared_root=False)
         except ValueError as error:
@@ -107,7 +107,7 @@ def test_redact_hides_passwords_and_nothing_else(location: str, shown: str) -> N
 
 
 def test_a_password_never_shows_in_the_store_or_its_errors() -> None:
-    from itemjournal._pgstore import PostgresStore
+    from itemjournal._stores.postgres.store import PostgresStore
 
     with pytest.raises(InvalidArgument) as raised:
         PostgresStore("postgresql://app:s3cret@db.internal/jobs?schema=Bad-Name")

@@ -48,9 +48,9 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
-from itemjournal._filestore import _parse_writer_token, _writer_token
-from itemjournal._identity import identity_digest
-from itemjournal._records import HISTORY_LIMIT, clear_decode_cache
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import HISTORY_LIMIT, clear_decode_cache
+from itemjournal._stores.files.store import _parse_writer_token, _writer_token
 
 IDENTITIES = (
     Identity("shop", "billing", "charge", "order-1"),

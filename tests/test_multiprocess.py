@@ -22,8 +22,8 @@ import anyio
 import pytest
 
 from itemjournal import Claim, ConflictError, FileStore, Journal, StorageFailed, definition_digest
-from itemjournal._filestore import try_lock_record
-from itemjournal._identity import Identity, identity_digest
+from itemjournal._model.identity import Identity, identity_digest
+from itemjournal._stores.files.store import try_lock_record
 
 pytestmark = pytest.mark.anyio
 

@@ -30,7 +30,7 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
-from itemjournal._records import Record, encode_record
+from itemjournal._model.records import Record, encode_record
 from itemjournal.testing import MemoryStore
 
 pytestmark = pytest.mark.anyio

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from itemjournal import FileStore, Owner
-from itemjournal import _filestore as filestore_module
-from itemjournal import _owner as owner_module
-from itemjournal._owner import (
+from itemjournal._model.records import parse_process
+from itemjournal._stores import owners as owner_module
+from itemjournal._stores.files import store as filestore_module
+from itemjournal._stores.owners import (
     GONE_NAMESPACE,
     GONE_PROCESS,
     GONE_REBOOTED,
@@ -35,7 +36,6 @@ from itemjournal._owner import (
     process_alive,
     start_ticks,
 )
-from itemjournal._records import parse_process
 
 NO_SUCH_PID = 2**22 + 1  # above the kernel's pid_max limit: never a process
 HOST = socket.gethostname()
@@ -228,7 +228,7 @@ def test_a_live_owner_in_a_real_container_namespace_is_never_dead() -> None:
     """A process in its own pid namespace (a container sharing this hostname) is pid 1
     there; here pid 1 is init, with another start. Judged by pid it would look dead."""
     script = (
-        "import sys; from itemjournal._owner import current_owner; o = current_owner(); "
+        "import sys; from itemjournal._stores.owners import current_owner; o = current_owner(); "
         "print(o.pid, o.process, flush=True); sys.stdin.read()"
     )
     child = subprocess.Popen(

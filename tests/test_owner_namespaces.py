@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from itemjournal._owner import GONE_NAMESPACE, GONE_PROCESS
+from itemjournal._stores.owners import GONE_NAMESPACE, GONE_PROCESS
 
 SCRIPT = str(Path(__file__).with_name("_ns_owner.py"))
 HOLD = 2.5  # seconds the owner holds its first claim while the judge looks

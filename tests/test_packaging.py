@@ -191,7 +191,7 @@ def test_the_wheel_holds_the_package_and_no_tests() -> None:
     assert f"Version: {VERSION}\n" in wheel_metadata
     assert "License-Expression: MIT\n" in wheel_metadata
     assert "Requires-Dist: anyio" in wheel_metadata
-    assert "itemjournal = itemjournal._cli:main" in entry_points
+    assert "itemjournal = itemjournal._operator.cli.app:main" in entry_points
 
 
 def test_the_sdist_holds_sources_tests_and_documents() -> None:

@@ -25,10 +25,10 @@ from click.testing import CliRunner
 from conftest import postgres_url
 
 from itemjournal import Claim, ConflictError, Identity, Journal, StorageFailed, definition_digest
-from itemjournal._cli import cli
-from itemjournal._locations import redact
-from itemjournal._pgstore import PostgresStore
-from itemjournal._records import Owner
+from itemjournal._model.records import Owner
+from itemjournal._operator.cli.app import cli
+from itemjournal._stores.postgres.store import PostgresStore
+from itemjournal._stores.registry import redact
 
 DEFINITION = definition_digest("pg-deployed-v1")
 INPUTS = {"n": 1}
@@ -141,7 +141,7 @@ def test_the_command_line_never_creates_a_postgres_journal(location: str) -> Non
     with psycopg.connect(url) as connection:
         row = connection.execute("SELECT to_regnamespace(%s)", (f"{schema}_typo",)).fetchone()
     assert row == (None,)  # nothing was made
-    from itemjournal._pgstore import missing_journal
+    from itemjournal._stores.postgres.store import missing_journal
 
     assert "there is no schema" in str(missing_journal(typo))
     connection, _ = _pg.connect(location)
@@ -168,7 +168,7 @@ def test_the_command_line_never_creates_a_postgres_journal(location: str) -> Non
     assert missing_journal(location) is None
     result = CliRunner().invoke(cli, ["-L", location, "list"], env={"ITEMJOURNAL_LOCATION": None})
     assert result.exit_code == 0, result.stderr
-    from itemjournal._viewer import _require_journal
+    from itemjournal._operator.viewer.app import _require_journal
 
     with pytest.raises(ValueError, match="never creates"):
         _require_journal(typo)

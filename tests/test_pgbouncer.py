@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from itemjournal import Claim, ConflictError, Identity, Journal, StorageFailed, definition_digest
-from itemjournal._pgstore import PostgresStore
+from itemjournal._stores.postgres.store import PostgresStore
 
 DEFINITION = definition_digest("pgbouncer-v1")
 INPUTS = {"n": 1}

@@ -37,9 +37,9 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._identity import identity_digest
-from itemjournal._pgstore import PostgresStore
-from itemjournal._records import Record
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import Record
+from itemjournal._stores.postgres.store import PostgresStore
 
 DEFINITION = definition_digest("pgstore-v1")
 INPUTS = {"n": 1}

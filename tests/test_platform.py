@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from itemjournal import FileSystem, Journal, JournalError, StorageFailed
-from itemjournal._fileio import full_fsync, plain_fsync, sync_for
-from itemjournal._locations import check_platform
-from itemjournal._sqlitestore import SQLiteStore, sync_pragmas
+from itemjournal._stores.fileio import full_fsync, plain_fsync, sync_for
+from itemjournal._stores.registry import check_platform
+from itemjournal._stores.sqlite.store import SQLiteStore, sync_pragmas
 
 
 @pytest.mark.parametrize("platform", ["win32", "cygwin", "msys"])

@@ -52,7 +52,7 @@ def _location(kind: str, base: Path) -> str:
 
 
 def _patch_clock(monkeypatch: pytest.MonkeyPatch, stamp: str) -> None:
-    from itemjournal import _records
+    from itemjournal._model import records as _records
 
     real = _records.utc_now
     for name, module in list(sys.modules.items()):

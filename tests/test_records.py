@@ -11,7 +11,7 @@ import pytest
 from _builders import started_record
 
 from itemjournal import Identity, Journal, RecordInvalid, _records, definition_digest
-from itemjournal._records import (
+from itemjournal._model.records import (
     HISTORY_LIMIT,
     MAX_RECORD_BYTES,
     Owner,

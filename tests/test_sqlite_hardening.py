@@ -33,9 +33,9 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._identity import identity_digest
-from itemjournal._records import Record
-from itemjournal._sqlitestore import _SUSPECT_CONDITION, SCHEMA_VERSION
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import Record
+from itemjournal._stores.sqlite.store import _SUSPECT_CONDITION, SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from itemjournal import Claim, Identity, Journal, SQLiteStore, definition_digest
-from itemjournal._identity import identity_digest
+from itemjournal._model.identity import identity_digest
 
 pytestmark = pytest.mark.anyio
 

@@ -27,9 +27,9 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._identity import identity_digest
-from itemjournal._records import Record
-from itemjournal._sqlitestore import _FIRST, SCHEMA_VERSION, _Operation, _page_queries
+from itemjournal._model.identity import identity_digest
+from itemjournal._model.records import Record
+from itemjournal._stores.sqlite.store import _FIRST, SCHEMA_VERSION, _Operation, _page_queries
 
 pytestmark = pytest.mark.anyio
 

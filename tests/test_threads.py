@@ -18,7 +18,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
-from itemjournal._threads import run_in_thread
+from itemjournal._stores.threads import run_in_thread
 
 pytestmark = pytest.mark.anyio
 

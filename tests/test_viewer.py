@@ -26,9 +26,9 @@ import uvicorn
 
 import itemjournal
 from itemjournal import InvalidArgument, Journal
-from itemjournal import _viewer as viewer
-from itemjournal._identity import identity_digest
-from itemjournal._viewer import create_app, serve
+from itemjournal._model.identity import identity_digest
+from itemjournal._operator.viewer import app as viewer
+from itemjournal._operator.viewer.app import create_app, serve
 
 DEFINITION = itemjournal.definition_digest("viewer-test-v1")
 SCRIPT = "<script>alert(1)</script>"
@@ -967,7 +967,7 @@ def test_a_real_uvicorn_process_serves_the_viewer(tmp_path: Path) -> None:
     port = free_port()
     code = (
         "import sys\n"
-        "from itemjournal._viewer import serve\n"
+        "from itemjournal._operator.viewer.app import serve\n"
         "serve(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2]))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != viewer.TOKEN_ENV}

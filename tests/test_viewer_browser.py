@@ -113,7 +113,7 @@ def free_port() -> int:
 def start_server(location: str, port: int) -> subprocess.Popen[bytes]:
     code = (
         "import sys\n"
-        "from itemjournal._viewer import serve\n"
+        "from itemjournal._operator.viewer.app import serve\n"
         "serve(sys.argv[1], host='127.0.0.1', port=int(sys.argv[2]))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "ITEMJOURNAL_VIEWER_TOKEN"}

@@ -1,6 +1,6 @@
 """``python -m itemjournal``: the ``itemjournal`` command."""
 
-from ._cli import main
+from ._operator.cli.app import main
 
 if __name__ == "__main__":
     main()

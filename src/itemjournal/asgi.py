@@ -67,11 +67,11 @@ from typing import Any
 
 import anyio
 
-from ._errors import ConflictError, InvalidArgument, JournalError
-from ._identity import definition_digest
-from ._journal import Attempt, Journal
-from ._records import MAX_RESULT_BYTES
-from ._view import Claim
+from ._journal.journal import Attempt, Journal
+from ._model.errors import ConflictError, InvalidArgument, JournalError
+from ._model.identity import definition_digest
+from ._model.records import MAX_RESULT_BYTES
+from ._model.view import Claim
 
 __all__ = [
     "DEFINITION",

@@ -39,9 +39,9 @@ from opentelemetry import context, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from . import __version__
-from ._errors import ConflictError, JournalError
-from ._identity import Identity, identity_digest
-from ._journal import Journal
+from ._journal.journal import Journal
+from ._model.errors import ConflictError, JournalError
+from ._model.identity import Identity, identity_digest
 
 __all__ = ["instrument", "uninstrument"]
 

@@ -12,6 +12,6 @@ The journal behaves as over a durable store (the same records, read as strictly)
 nothing survives the process: use it for tests, never for work that must be remembered.
 """
 
-from ._memorystore import MemoryStore
+from ._stores.memory import MemoryStore
 
 __all__ = ["MemoryStore"]

@@ -64,12 +64,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._errors import InvalidArgument, JournalError, RecordInvalid, StorageFailed
-from ._identity import Identity, check_label, coerce_identity, identity_digest
-from ._journal import Journal
-from ._locations import redact
-from ._records import STATUSES, Event
-from ._view import RecordView
+from ..._journal.journal import Journal
+from ..._model.errors import InvalidArgument, JournalError, RecordInvalid, StorageFailed
+from ..._model.identity import Identity, check_label, coerce_identity, identity_digest
+from ..._model.records import STATUSES, Event
+from ..._model.view import RecordView
+from ..._stores.registry import redact
 
 __all__ = ["TOKEN_ENV", "create_app", "serve"]
 
@@ -769,7 +769,7 @@ def _require_journal(location: str) -> None:
     is left for ``Journal.open`` to report."""
     if location.startswith(("postgresql://", "postgres://")):
         try:
-            from ._pgstore import missing_journal
+            from ..._stores.postgres.store import missing_journal
         except ImportError:
             return
         missing = missing_journal(location)

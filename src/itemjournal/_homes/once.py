@@ -13,10 +13,16 @@ from typing import Any, ParamSpec, TypeAlias, overload
 import anyio
 import anyio.to_thread
 
-from ._errors import InvalidArgument
-from ._identity import Identity, IdentityLike, coerce_identity, definition_digest, input_digest
-from ._journal import Journal, _check_wait
-from ._records import receipt_problem, result_problem
+from .._journal.journal import Journal, _check_wait
+from .._model.errors import InvalidArgument
+from .._model.identity import (
+    Identity,
+    IdentityLike,
+    coerce_identity,
+    definition_digest,
+    input_digest,
+)
+from .._model.records import receipt_problem, result_problem
 
 __all__ = ["once"]
 

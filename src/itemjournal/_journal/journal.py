@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import anyio
 import anyio.lowlevel
 
-from . import _machine as machine
-from ._errors import (
+from .._model import machine
+from .._model.errors import (
     ConflictError,
     InvalidArgument,
     JournalError,
@@ -27,7 +27,7 @@ from ._errors import (
     StorageFailed,
     UnresolvedClaim,
 )
-from ._identity import (
+from .._model.identity import (
     Identity,
     IdentityLike,
     InputDigester,
@@ -37,9 +37,7 @@ from ._identity import (
     identity_digest,
     require_hash,
 )
-from ._locations import open_store
-from ._observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
-from ._records import (
+from .._model.records import (
     MAX_NOTE_CHARS,
     STATUSES,
     Owner,
@@ -49,12 +47,14 @@ from ._records import (
     result_problem,
     utc_now,
 )
-from ._store import Step, Store
-from ._threads import run_in_thread
-from ._view import Claim, PruneReport, RecordView, Reuse, SweepReport
+from .._model.view import Claim, PruneReport, RecordView, Reuse, SweepReport
+from .._stores.registry import open_store
+from .._stores.seam import Step, Store
+from .._stores.threads import run_in_thread
+from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 
 if TYPE_CHECKING:
-    from ._reconcile import Check, ReconcileReport
+    from .._operator.reconcile import Check, ReconcileReport
 
 __all__ = ["Attempt", "Journal"]
 
@@ -1037,7 +1037,7 @@ class Journal:
         audited ``resolve`` whose note names the reconciliation. See
         ``itemjournal.ReconcileReport`` for what comes back.
         """
-        from ._reconcile import reconcile
+        from .._operator.reconcile import reconcile
 
         with self._span("reconcile", None) as span:
             report = await reconcile(

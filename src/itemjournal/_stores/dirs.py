@@ -12,7 +12,7 @@ import errno
 import os
 import stat
 
-from ._fileio import FileSystem
+from .fileio import FileSystem
 
 __all__ = ["make_dirs"]
 

@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeAlias
 
-from ._errors import InvalidArgument
+from .errors import InvalidArgument
 
 __all__ = [
     "Identity",

@@ -19,15 +19,21 @@ from typing import TYPE_CHECKING, TypeAlias
 import anyio
 import anyio.to_thread
 
-from ._errors import ConflictError, InvalidArgument, JournalError, RecordInvalid, StorageFailed
-from ._identity import check_label
-from ._journal import _check_result
-from ._once import _is_async
-from ._records import MAX_NOTE_CHARS, receipt_problem
-from ._view import RecordView
+from .._homes.once import _is_async
+from .._journal.journal import _check_result
+from .._model.errors import (
+    ConflictError,
+    InvalidArgument,
+    JournalError,
+    RecordInvalid,
+    StorageFailed,
+)
+from .._model.identity import check_label
+from .._model.records import MAX_NOTE_CHARS, receipt_problem
+from .._model.view import RecordView
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from .._journal.journal import Journal
 
 __all__ = [
     "Check",
@@ -254,7 +260,7 @@ async def reconcile(
     ``progress`` (not part of ``Journal.reconcile``; the command's progress bar) is called
     on the event loop once per record, when it has been settled or left.
     """
-    from ._journal import Journal
+    from .._journal.journal import Journal
 
     if not isinstance(journal, Journal):
         raise InvalidArgument(

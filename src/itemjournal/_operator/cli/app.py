@@ -93,14 +93,14 @@ except ModuleNotFoundError as missing:  # this module is the command: say what t
     )
     raise SystemExit(1) from None
 
-from ._errors import ConflictError, InvalidArgument, JournalError
-from ._filestore import SETTINGS_NAME
-from ._identity import Identity, check_label, identity_digest
-from ._journal import Journal
-from ._locations import redact
-from ._reconcile import DidNotHappen, Happened, ReconcileReport, Unknown, Verdict, reconcile
-from ._records import STATUSES, Event, note_problem, receipt_problem
-from ._view import PruneReport, RecordView, SweepReport
+from ..._journal.journal import Journal
+from ..._model.errors import ConflictError, InvalidArgument, JournalError
+from ..._model.identity import Identity, check_label, identity_digest
+from ..._model.records import STATUSES, Event, note_problem, receipt_problem
+from ..._model.view import PruneReport, RecordView, SweepReport
+from ..._stores.files.store import SETTINGS_NAME
+from ..._stores.registry import redact
+from ..reconcile import DidNotHappen, Happened, ReconcileReport, Unknown, Verdict, reconcile
 
 __all__ = ["cli", "main"]
 
@@ -306,7 +306,7 @@ def _missing_postgres_journal(location: str) -> str | None:
     never creates one (``Journal.open`` would make the schema). None when there is one,
     or when the server or the driver is not there (``Journal.open`` then says why)."""
     try:
-        from ._pgstore import missing_journal
+        from ..._stores.postgres.store import missing_journal
     except ImportError:
         return None
     try:
@@ -1930,9 +1930,9 @@ def serve_command(
             f"serving on {host} (not loopback) needs --token or ITEMJOURNAL_VIEWER_TOKEN",
         )
     try:
-        from ._viewer import serve
+        from ..viewer.app import serve
     except ModuleNotFoundError as error:
-        if error.name == "itemjournal._viewer":
+        if error.name == "itemjournal._operator.viewer.app":
             raise CommandError(
                 "VIEWER_UNAVAILABLE",
                 "this version of itemjournal has no web viewer",

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
-from ._errors import ConflictError, JournalError
-from ._identity import Identity, identity_digest
-from ._records import Record
+from .._model.errors import ConflictError, JournalError
+from .._model.identity import Identity, identity_digest
+from .._model.records import Record
 
 __all__ = ["NO_SPAN", "JournalStatistics", "Observer", "Span", "Tracing", "logger"]
 

@@ -6,9 +6,9 @@ with what it read and writes what they return (``None`` means: write nothing).
 
 from __future__ import annotations
 
-from ._errors import ConflictError
-from ._identity import Identity
-from ._records import Owner, Record
+from .errors import ConflictError
+from .identity import Identity
+from .records import Owner, Record
 
 __all__ = ["begin", "complete", "mark_review", "refusal_after", "resolve", "sweep"]
 

@@ -16,20 +16,20 @@ import sys
 import urllib.parse
 from typing import TYPE_CHECKING, Final
 
-from ._errors import InvalidArgument, StorageFailed
+from .._model.errors import InvalidArgument, StorageFailed
 
 if TYPE_CHECKING:  # the check below must import nothing that a refused platform lacks
-    from ._store import Store
+    from .seam import Store
 
 __all__ = ["check_platform", "open_store", "redact"]
 
 # scheme -> (module, class, extra that brings what it imports, or None)
 _STORES: Final[dict[str, tuple[str, str, str | None]]] = {
-    "sqlite": ("itemjournal._sqlitestore", "SQLiteStore", None),
-    "postgresql": ("itemjournal._pgstore", "PostgresStore", "postgres"),
-    "postgres": ("itemjournal._pgstore", "PostgresStore", "postgres"),
+    "sqlite": ("itemjournal._stores.sqlite.store", "SQLiteStore", None),
+    "postgresql": ("itemjournal._stores.postgres.store", "PostgresStore", "postgres"),
+    "postgres": ("itemjournal._stores.postgres.store", "PostgresStore", "postgres"),
 }
-_FILES: Final[tuple[str, str, str | None]] = ("itemjournal._filestore", "FileStore", None)
+_FILES: Final[tuple[str, str, str | None]] = ("itemjournal._stores.files.store", "FileStore", None)
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _WINDOWS: Final = frozenset({"win32", "cygwin", "msys"})  # Windows, and its POSIX layers
 _FORMS = "an absolute directory, sqlite:///absolute/path.db or postgresql://host/database"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._identity import Identity, identity_digest
-from ._records import Event, Owner, Record
+from .identity import Identity, identity_digest
+from .records import Event, Owner, Record
 
 if TYPE_CHECKING:
-    from ._errors import JournalError
+    from .errors import JournalError
 
 __all__ = ["Claim", "PruneReport", "RecordView", "Reuse", "SweepReport"]
 

@@ -18,7 +18,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from ._errors import StorageFailed
+from .._model.errors import StorageFailed
 
 __all__ = ["Trips", "run_in_thread"]
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
 
-from ._errors import RecordInvalid, StorageFailed
-from ._identity import Identity
-from ._records import Owner, Record
+from .._model.errors import RecordInvalid, StorageFailed
+from .._model.identity import Identity
+from .._model.records import Owner, Record
 
 __all__ = ["Step", "StepFunction", "Store", "Tally"]
 

@@ -42,17 +42,17 @@ from typing import Any, Final, Generic, NamedTuple, TypeVar
 import anyio
 import anyio.lowlevel
 
-from ._dirs import make_dirs, sync_dir
-from ._errors import InvalidArgument, RecordInvalid, StorageFailed
-from ._fileio import FileSystem
-from ._identity import Identity, identity_digest
-from ._kernelclock import kernel_time
-from ._owner import ProcessOwners, current_owner
-from ._records import STATUSES as _STATUSES
-from ._records import Record, decode_row, encode_record
-from ._store import Step, StepFunction, Tally
-from ._threads import run_in_thread
-from ._trust import require_private
+from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
+from ..._model.identity import Identity, identity_digest
+from ..._model.records import STATUSES as _STATUSES
+from ..._model.records import Record, decode_row, encode_record
+from ..dirs import make_dirs, sync_dir
+from ..fileio import FileSystem
+from ..kernelclock import kernel_time
+from ..owners import ProcessOwners, current_owner
+from ..seam import Step, StepFunction, Tally
+from ..threads import run_in_thread
+from ..trust import require_private
 
 __all__ = ["SQLiteStore"]
 

@@ -49,12 +49,13 @@ from typing import Any, Final, TypeVar
 import anyio
 import anyio.lowlevel
 
-from ._dirs import make_dirs, sync_dir
-from ._errors import InvalidArgument, RecordInvalid, StorageFailed
-from ._fileio import FileSystem
-from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
-from ._kernelclock import kernel_time
-from ._owner import (
+from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
+from ..._model.identity import Identity, IdentityLike, coerce_identity, identity_digest
+from ..._model.records import MAX_RECORD_BYTES, Record, decode_record, encode_record
+from ..dirs import make_dirs, sync_dir
+from ..fileio import FileSystem
+from ..kernelclock import kernel_time
+from ..owners import (
     ProcessOwners,
     current_owner,
     current_pid,
@@ -62,10 +63,9 @@ from ._owner import (
     own_process,
     process_alive,
 )
-from ._records import MAX_RECORD_BYTES, Record, decode_record, encode_record
-from ._store import Step, StepFunction
-from ._threads import Trips, run_in_thread
-from ._trust import require_private
+from ..seam import Step, StepFunction
+from ..threads import Trips, run_in_thread
+from ..trust import require_private
 
 __all__ = ["FileStore"]
 

@@ -13,7 +13,7 @@ import errno
 import os
 import stat
 
-from ._errors import StorageFailed
+from .._model.errors import StorageFailed
 
 __all__ = ["require_private", "sharing_problem"]
 

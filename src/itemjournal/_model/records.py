@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from ._errors import RecordInvalid
-from ._identity import Identity, identity_digest
+from .errors import RecordInvalid
+from .identity import Identity, identity_digest
 
 __all__ = [
     "HISTORY_LIMIT",

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from ._records import Owner, ProcessName, parse_process
+from .._model.records import Owner, ProcessName, parse_process
 
 __all__ = [
     "GONE_NAMESPACE",

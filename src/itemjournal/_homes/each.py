@@ -11,11 +11,11 @@ from typing import Generic, Literal, TypeAlias, TypeVar
 import anyio
 import anyio.to_thread
 
-from ._errors import ConflictError, InvalidArgument, JournalError
-from ._identity import Identity, IdentityLike, InputValue, coerce_identity, definition_digest
-from ._journal import Journal, _check_wait
-from ._once import _AS_STORED, _is_async, _name, _unpack
-from ._view import Claim, RecordView
+from .._journal.journal import Journal, _check_wait
+from .._model.errors import ConflictError, InvalidArgument, JournalError
+from .._model.identity import Identity, IdentityLike, InputValue, coerce_identity, definition_digest
+from .._model.view import Claim, RecordView
+from .once import _AS_STORED, _is_async, _name, _unpack
 
 __all__ = ["EachDone", "EachFailure", "EachReport", "run_each"]
 

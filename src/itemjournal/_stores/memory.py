@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 
-from ._errors import InvalidArgument, RecordInvalid, StorageFailed
-from ._identity import Identity, IdentityLike, coerce_identity, identity_digest
-from ._owner import ProcessOwners
-from ._records import STATUSES, Record, decode_record, encode_record
-from ._store import Step, StepFunction, Tally
-from ._threads import Trips
+from .._model.errors import InvalidArgument, RecordInvalid, StorageFailed
+from .._model.identity import Identity, IdentityLike, coerce_identity, identity_digest
+from .._model.records import STATUSES, Record, decode_record, encode_record
+from .owners import ProcessOwners
+from .seam import Step, StepFunction, Tally
+from .threads import Trips
 
 __all__ = ["MemoryStore"]
 

@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._view import RecordView
+    from .view import RecordView
 
 __all__ = [
     "ConflictError",

@@ -64,13 +64,13 @@ import psycopg.errors
 import psycopg_pool
 from psycopg import sql
 
-from ._errors import InvalidArgument, RecordInvalid, StorageFailed
-from ._identity import Identity, identity_digest
-from ._locations import redact
-from ._owner import current_owner, gone_reason, owner_alive
-from ._records import STATUSES, Owner, Record, decode_row, encode_record
-from ._store import Step, StepFunction, Tally
-from ._threads import Trips
+from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
+from ..._model.identity import Identity, identity_digest
+from ..._model.records import STATUSES, Owner, Record, decode_row, encode_record
+from ..owners import current_owner, gone_reason, owner_alive
+from ..registry import redact
+from ..seam import Step, StepFunction, Tally
+from ..threads import Trips
 
 __all__ = ["PostgresStore", "missing_journal"]
 

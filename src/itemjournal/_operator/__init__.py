@@ -1,0 +1,3 @@
+"""Operator tools: reconciliation, the ``itemjournal`` command and the read-only viewer.
+They stand on the journal; nothing below imports them.
+"""

@@ -1,0 +1,1 @@
+"""The file store: one JSON document per record, durable saves, locks, scans."""

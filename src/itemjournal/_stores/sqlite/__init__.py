@@ -1,0 +1,1 @@
+"""The SQLite store: one database, a writer that commits many operations at once."""
