@@ -62,3 +62,10 @@ def dead_owner(pid: int = 2**22 + 1) -> Owner:
     assert name is not None and name.pid_namespace is not None, "this process names itself"
     process = f"{name.boot}:{name.pid_namespace}:{name.time_namespace}:1"
     return Owner(me.host, pid, NOW, process)
+
+
+def gone_reason_of(journal: object) -> str:
+    """The review reason a journal's store gives an owner it found gone: a process on the
+    stores of one host, the database session that vouched for it on PostgreSQL."""
+    store = getattr(journal, "store", None)
+    return "owner session gone" if type(store).__name__ == "PostgresStore" else "owner process gone"

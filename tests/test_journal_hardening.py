@@ -23,6 +23,7 @@ from typing import Any
 import _pg
 import anyio
 import pytest
+from _builders import gone_reason_of
 
 import itemjournal._journal.journal as journal_module
 from itemjournal import (
@@ -425,7 +426,7 @@ async def test_one_bad_entry_does_not_stop_a_sweep(location: str, journal: Journ
     report = await journal.sweep()
     assert isinstance(report, SweepReport)
     assert {view.identity for view in report.marked} == set(dead) - unworkable
-    assert all(view.review_reason == "owner process gone" for view in report.marked)
+    assert all(view.review_reason == gone_reason_of(journal) for view in report.marked)
     assert 1 <= len(report.problems) <= len(unworkable)
     for problem in report.problems:
         assert isinstance(problem, (RecordInvalid, StorageFailed))

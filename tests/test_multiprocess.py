@@ -20,6 +20,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+from _builders import gone_reason_of
 
 from itemjournal import Claim, ConflictError, FileStore, Journal, StorageFailed, definition_digest
 from itemjournal._model.identity import Identity, identity_digest
@@ -231,7 +232,7 @@ async def test_sigkill_at_random_moments(
     assert sorted(view.identity for view in swept) == sorted(started)
     for view in swept:
         assert view.status == "needs_review"
-        assert view.review_reason == "owner process gone"
+        assert view.review_reason == gone_reason_of(journal)
         assert view.history[-1].event == "sweep"  # a sweep ran, and says so
     assert (await journal.sweep()).marked == ()
     print(

@@ -635,10 +635,10 @@ async def test_a_killed_hosts_claims_are_seen_gone(location: str, anyio_backend:
     assert refused.value.code == "REVIEW_REQUIRED"
     view = await journal.inspect(a)
     assert view.status == "needs_review"
-    assert view.review_reason == "owner process gone"
+    assert view.review_reason == "owner session gone"
     swept = (await journal.sweep()).marked
     assert [v.identity for v in swept] == [b]
-    assert swept[0].review_reason == "owner process gone"
+    assert swept[0].review_reason == "owner session gone"
     await journal.aclose()
     print(f"\n{anyio_backend}: a SIGKILLed host's claim seen gone after {seen:.3f} s")
 
