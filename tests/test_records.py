@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from _builders import started_record
 
-from itemjournal import Identity, Journal, RecordInvalid, _records, definition_digest
+from itemjournal import Identity, Journal, RecordInvalid, definition_digest
+from itemjournal._model import records as _records
 from itemjournal._model.records import (
     HISTORY_LIMIT,
     MAX_RECORD_BYTES,
