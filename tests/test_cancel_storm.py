@@ -38,7 +38,7 @@ CANCEL_BUDGET = {"file": 0.1, "sqlite": 0.1, "postgres": 0.5}
 _HOLDER = textwrap.dedent(
     """
     import os, sqlite3, sys
-    from itemjournal._stores.files.store import try_lock_record
+    from itemjournal._stores.files.locks import try_lock_record
 
     location = sys.argv[1]
     sys.path.insert(0, sys.argv[2])

@@ -68,7 +68,7 @@ from itemjournal import (
     definition_digest,
 )
 from itemjournal._model.records import Record, clear_decode_cache
-from itemjournal._stores.files.store import (
+from itemjournal._stores.files.temps import (
     _BOOT_DIGITS,
     _NAMESPACE_DIGITS,
     _parse_writer_token,
@@ -609,7 +609,7 @@ async def test_every_failing_call_of_an_operation_acknowledges_nothing_false(
 
 _WRITER = """
 import os, sys
-from itemjournal._stores.files.store import _writer_token
+from itemjournal._stores.files.temps import _writer_token
 print(os.getpid(), _writer_token(), flush=True)
 sys.stdin.read()
 """

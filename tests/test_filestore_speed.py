@@ -30,7 +30,9 @@ from itemjournal import (
 )
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import Record, encode_record
-from itemjournal._stores.files.store import _TEMP, _shows_other_status, try_lock_record
+from itemjournal._stores.files.locks import try_lock_record
+from itemjournal._stores.files.scans import _shows_other_status
+from itemjournal._stores.files.temps import _TEMP
 from itemjournal._stores.owners import current_pid
 from itemjournal._stores.seam import Step
 

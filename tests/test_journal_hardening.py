@@ -41,7 +41,7 @@ from itemjournal import (
 )
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import clear_decode_cache, decode_record, encode_record
-from itemjournal._stores.files.store import try_lock_record
+from itemjournal._stores.files.locks import try_lock_record
 
 pytestmark = pytest.mark.anyio
 

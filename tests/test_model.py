@@ -50,7 +50,7 @@ from itemjournal import (
 )
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import HISTORY_LIMIT, clear_decode_cache
-from itemjournal._stores.files.store import _parse_writer_token, _writer_token
+from itemjournal._stores.files.temps import _parse_writer_token, _writer_token
 
 IDENTITIES = (
     Identity("shop", "billing", "charge", "order-1"),

@@ -24,7 +24,7 @@ from _builders import gone_reason_of
 
 from itemjournal import Claim, ConflictError, FileStore, Journal, StorageFailed, definition_digest
 from itemjournal._model.identity import Identity, identity_digest
-from itemjournal._stores.files.store import try_lock_record
+from itemjournal._stores.files.locks import try_lock_record
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,7 @@ import pytest
 from itemjournal import FileStore, Owner
 from itemjournal._model.records import parse_process
 from itemjournal._stores import owners as owner_module
-from itemjournal._stores.files import store as filestore_module
+from itemjournal._stores.files import temps as filestore_module
 from itemjournal._stores.owners import (
     GONE_NAMESPACE,
     GONE_PROCESS,

@@ -98,7 +98,7 @@ from ..._model.errors import ConflictError, InvalidArgument, JournalError
 from ..._model.identity import Identity, check_label, identity_digest
 from ..._model.records import STATUSES, Event, note_problem, receipt_problem
 from ..._model.view import PruneReport, RecordView, SweepReport
-from ..._stores.files.store import SETTINGS_NAME
+from ..._stores.files.layout import SETTINGS_NAME
 from ..._stores.registry import redact
 from ..reconcile import DidNotHappen, Happened, ReconcileReport, Unknown, Verdict, reconcile
 
