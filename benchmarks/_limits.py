@@ -50,7 +50,7 @@ async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
 
 # ---------------------------------------------------------------------- SQLite
 
-# The statements of one operation in the SQLite store's batch (``_sqlitestore._run_one``).
+# The statements of one operation in the SQLite store's batch (``sqlite/batch.py``, ``_run_one``).
 SQLITE_READ = "SELECT status, document FROM itemjournal_records WHERE digest = ?"
 SQLITE_WRITE = (
     "INSERT INTO itemjournal_records (digest, status, document, written_at) "

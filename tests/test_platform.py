@@ -16,7 +16,8 @@ import pytest
 from itemjournal import FileSystem, Journal, JournalError, StorageFailed
 from itemjournal._stores.fileio import full_fsync, plain_fsync, sync_for
 from itemjournal._stores.registry import check_platform
-from itemjournal._stores.sqlite.store import SQLiteStore, sync_pragmas
+from itemjournal._stores.sqlite.connection import sync_pragmas
+from itemjournal._stores.sqlite.store import SQLiteStore
 
 
 @pytest.mark.parametrize("platform", ["win32", "cygwin", "msys"])

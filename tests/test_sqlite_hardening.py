@@ -35,7 +35,7 @@ from itemjournal import (
 )
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import Record
-from itemjournal._stores.sqlite.store import _SUSPECT_CONDITION, SCHEMA_VERSION
+from itemjournal._stores.sqlite.schema import _SUSPECT_CONDITION, SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,9 @@ from itemjournal import (
 )
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import Record
-from itemjournal._stores.sqlite.store import _FIRST, SCHEMA_VERSION, _Operation, _page_queries
+from itemjournal._stores.sqlite.operation import _Operation
+from itemjournal._stores.sqlite.reads import _FIRST, _page_queries
+from itemjournal._stores.sqlite.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.anyio
 
