@@ -123,10 +123,12 @@ class PostgresStore:
 
     @property
     def _pool(self) -> psycopg_pool.ConnectionPool[Any] | None:
+        """The pool of data connections (None unless open), for tests that hold them busy."""
         return self._connections.pool
 
     @property
     def _session(self) -> OwnerSession | None:
+        """The owner session now (None: none live), for tests that end it."""
         return self._owner_lock.session
 
     # ------------------------------------------------------------------ lifecycle
