@@ -1,0 +1,140 @@
+"""The commit of a write, and the settling of one whose outcome was lost.
+
+A connection lost while ``COMMIT`` was under way is neither success nor failure. The lost
+session is then *fenced*: ended, if it still runs, and waited for, so that its transaction
+is settled one way or the other. The row is read afresh on a connection of its own and
+compared with what was written: the same bytes, the write happened; the bytes from
+before, it did not; anything else, or no answer, is ``STORAGE_FAILED`` saying that the
+outcome is unknown. A write is never retried blindly.
+
+The session is named as the server names it (``pg_backend_pid()`` and its
+``backend_start``, and behind a transaction pooler the start of the transaction too),
+never by libpq's backend pid, which a pooler invents.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+import psycopg
+from psycopg import sql
+
+from ..._model.errors import StorageFailed
+from .connections import Connections, ServerSession, connect, roll_back
+from .failures import describe, failure
+from .location import Location
+from .schema import Tables
+from .statements import column_bytes
+
+__all__ = ["Commits"]
+
+_FENCE_WAIT_MS: Final = 5000
+
+
+class Commits:
+    """The commits of one store's writes, and how many there were (``commits``), with
+    the lost ones a fresh read settled (``unknown_settled``)."""
+
+    def __init__(
+        self, connections: Connections, location: Location, tables: Tables, lock_timeout: float
+    ) -> None:
+        self._connections = connections
+        self._location = location
+        self._records = tables.records
+        self._lock_timeout = lock_timeout
+        self.commits = 0  # committed write transactions, for tests and benchmarks
+        self.unknown_settled = 0  # commits whose lost outcome a re-read settled
+
+    def commit(
+        self,
+        connection: psycopg.Connection[Any],
+        digest: str,
+        before: object,
+        data: bytes | None,
+    ) -> None:
+        """``COMMIT`` the write of ``data`` over ``before``; its outcome settled if the
+        answer is lost, and ``STORAGE_FAILED`` unless it was saved."""
+        where = self._location.shown
+        # Read when the connection or transaction began: after a lost commit, the
+        # connection can no longer say which server session it had.
+        server = self._connections.server_of(connection)
+        try:
+            connection.commit()
+        except psycopg.Error as error:
+            if not connection.broken and not isinstance(error, psycopg.OperationalError):
+                # The server answered: the transaction was rolled back.
+                roll_back(connection)
+                raise failure(
+                    f"the commit of the record {digest} in {where} was refused, so "
+                    f"nothing was written",
+                    error,
+                ) from error
+            outcome = self._settle(server, digest, before, data)
+            if outcome is True:
+                self.commits += 1
+                self.unknown_settled += 1
+                return
+            if outcome is False:
+                self.unknown_settled += 1
+                raise failure(
+                    f"the connection to {where} was lost during the commit of the "
+                    f"record {digest}; a fresh read shows it was not saved, so nothing was "
+                    f"written",
+                    error,
+                ) from error
+            raise failure(
+                f"the connection to {where} was lost during the commit of the "
+                f"record {digest}, and whether it was saved is unknown ({outcome})",
+                error,
+            ) from error
+        self.commits += 1
+
+    def _settle(
+        self,
+        server: ServerSession | None,
+        digest: str,
+        before: object,
+        data: bytes | None,
+    ) -> bool | str:
+        """After a lost commit: end the server session that ran it (if it still runs),
+        then read the row afresh. True: our write is there; False: the row is as it was
+        before; otherwise why it cannot be told.
+
+        Behind a transaction pooler the start of our transaction names it too: a pooled
+        server session that has gone on to another client's transaction is left alone,
+        since ours is over."""
+        if server is None:
+            return "the session that ran it is not known"
+        pid, started, transaction = server
+        try:
+            # Through owner_url, when given, the fence and the re-read skip the pooler.
+            with connect(
+                self._location.owner_conninfo, self._location.shown, self._lock_timeout
+            ) as fresh:
+                deadline = time.monotonic() + _FENCE_WAIT_MS / 1000
+                while True:
+                    # backend_start tells that session from a later one given the same pid
+                    row = fresh.execute(
+                        "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
+                        "WHERE pid = %s AND (%s::timestamptz IS NULL OR backend_start = %s) "
+                        "AND (%s::timestamptz IS NULL OR xact_start = %s)",
+                        (_FENCE_WAIT_MS, pid, started, started, transaction, transaction),
+                    ).fetchone()
+                    if row is None:
+                        break  # that session is over: its transaction committed or never will
+                    if time.monotonic() > deadline:
+                        return "the session that ran it could not be ended"
+                    time.sleep(0.05)
+                found = fresh.execute(
+                    sql.SQL("SELECT document FROM {} WHERE digest = %s").format(self._records),
+                    (digest,),
+                ).fetchone()
+        except (psycopg.Error, StorageFailed) as error:
+            return f"cannot read it again: {describe(error)}"
+        now = None if found is None else column_bytes(found[0])
+        if now == data:
+            return True
+        if now == before:
+            return False
+        return "the record has changed since"
