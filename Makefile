@@ -21,11 +21,12 @@ demo: $(BIN)/.installed
 	$(BIN)/python examples/demo.py --root "$(CURDIR)/demo-journal"
 
 lint: $(BIN)/.installed
-	$(BIN)/ruff check src tests benchmarks examples docs/_ext
-	$(BIN)/ruff format --check src tests benchmarks examples docs/_ext
+	$(BIN)/ruff check src tests benchmarks examples docs/_ext tools
+	$(BIN)/ruff format --check src tests benchmarks examples docs/_ext tools
 	$(BIN)/mypy
 	$(BIN)/mypy --strict tests/typing/user_code.py
 	$(BIN)/pyright tests/typing/user_code.py
+	$(BIN)/python tools/check_layout.py
 
 # Workers for `make test` (pytest-xdist; 0 runs the suite in one process).
 TEST_WORKERS ?= 2

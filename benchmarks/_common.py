@@ -15,6 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -87,6 +88,23 @@ def median(values: list[float]) -> float:
     """The median of the values that are not NaN; NaN when there are none."""
     finite = [value for value in values if not math.isnan(value)]
     return statistics.median(finite) if finite else math.nan
+
+
+def without_password(url: str) -> str:
+    """A server's URL fit to print: a password in its user part or its query (``password``,
+    ``sslpassword``) replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username}:***@{netloc.rpartition('@')[2]}"
+    query = urllib.parse.urlencode(
+        [
+            (name, "***" if name in ("password", "sslpassword") else value)
+            for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        ],
+        safe="*",
+    )
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def verdict(ok: bool) -> str:

@@ -28,9 +28,8 @@ from bench_filestore import BareSaves
 from bench_postgres import Bare, _create_bare_table, _drop
 from bench_postgres import Settings as PostgresSettings
 
-from itemjournal import Claim, Journal, definition_digest
-from itemjournal._model.identity import Identity, identity_digest
-from itemjournal._model.records import Record, encode_record
+from itemjournal import Claim, Identity, Journal, definition_digest, identity_digest
+from itemjournal.testing import stored_record
 
 PAYLOAD = 1024  # bytes per bare file save; a journal record is about 750-900 B
 
@@ -89,7 +88,8 @@ def _schema_of(path: str) -> tuple[str, ...]:
 
 
 async def sqlite_template(base: str) -> SqliteTemplate:
-    """Open a store, trace one begin + complete, keep its schema and documents."""
+    """Open a store, trace one begin + complete, keep its schema and statements; the
+    documents are records as the store encodes them (``itemjournal.testing.stored_record``)."""
     async with run_directory(base, "sqlite-template-") as root:
         path = os.path.join(root, "t.db")
         traced: list[str] = []
@@ -101,17 +101,16 @@ async def sqlite_template(base: str) -> SqliteTemplate:
             definition = definition_digest("bench-sqlite-v1")
             claim = await journal.begin(identity, {"n": "0"}, definition)
             assert isinstance(claim, Claim)
-            started = await journal.store.peek(identity, lambda record: record)
             await journal.complete(claim, "receipt-0")
-            succeeded = await journal.store.peek(identity, lambda record: record)
             if isinstance(writer, sqlite3.Connection):
                 writer.set_trace_callback(None)
-        assert isinstance(started, Record)
-        assert isinstance(succeeded, Record)
         schema = await anyio.to_thread.run_sync(_schema_of, path)
     shapes = frozenset(statement_shape(sql) for sql in traced if not sql.startswith("PRAGMA"))
     return SqliteTemplate(
-        schema, encode_record(started), encode_record(succeeded), store_shapes=shapes
+        schema,
+        stored_record(identity, "started").document,
+        stored_record(identity, "succeeded").document,
+        store_shapes=shapes,
     )
 
 

@@ -3,17 +3,19 @@
 At each size the location is filled up to that many records, then closed and measured:
 ``Journal.open``, begin + complete latency at concurrency 1, ``sweep`` (nothing to mark:
 no record is ``started``), listing ``records(status="needs_review")`` to the end, and the
-viewer's first page: ``GET /`` on a new ``create_app(journal)`` through
-``httpx.ASGITransport`` (its templates are compiled once per process, by the first size's
-request, as in a server that has been up a while).
+viewer's first page: ``GET /`` on a viewer just started by ``itemjournal serve``, timed
+once it has answered for its stylesheet and served that page once (so neither the process
+start, the journal's open nor the templates' compiling is counted, as in a server that has
+been up a while).
 
-Seeding: records are written through the store's own ``apply`` (so its own encoding,
-layout and any index it keeps), each a copy of a real record with a new identity; one in
-a hundred is ``needs_review``, the rest ``succeeded``. The file store seeds through a
-``FileSystem`` whose fsyncs do nothing (seeding only: the measured calls afterwards use
-a store opened normally); SQLite seeds durably, many operations a commit. PostgreSQL
-seeds by ``COPY`` into the store's own table, each row the store's own encoding of a
-record (its ``apply`` would take minutes for 100,000 records).
+Seeding: records are planted by ``itemjournal.testing.seed_records``, through the store's
+own ``apply`` (so its own encoding, layout and any index it keeps); one in a hundred is
+``needs_review``, the rest ``succeeded``. The file store seeds through a ``FileSystem``
+whose fsyncs do nothing (seeding only: the measured calls afterwards use a store opened
+normally); SQLite seeds durably, many operations a commit. PostgreSQL seeds by ``COPY``
+into the store's own table, each row a record as the store encodes it
+(``itemjournal.testing.stored_record``; its ``apply`` would take minutes for 100,000
+records).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from __future__ import annotations
 import gc
 import os
 import secrets
+import socket
+import subprocess
+import sys
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import anyio
 import anyio.to_thread
@@ -41,17 +46,13 @@ from _common import (
 )
 from _stores import PG_POOL_SIZE, _drop_schema, postgres_location
 
-from itemjournal import Claim, Journal, definition_digest
-from itemjournal._model.identity import Identity, identity_digest
-from itemjournal._model.records import Record, encode_record
-from itemjournal._operator.viewer.app import create_app
-from itemjournal._stores.fileio import FileSystem
-from itemjournal._stores.files.store import FileStore
-from itemjournal._stores.seam import Step, Store
+from itemjournal import FileStore, FileSystem, Identity, Journal, Store, definition_digest
+from itemjournal.testing import seed_records, stored_record
 
 SCALE_WARMUP = 10  # cycles run before the timed ones at each size, not recorded
 REVIEW_EVERY = 100  # one seeded record in this many is needs_review
 SEED_CONCURRENCY = {"file": 32, "sqlite": 256}
+VIEWER_START_S = 30.0  # how long the viewer's process may take to answer at all
 
 
 class NoSyncFileSystem(FileSystem):
@@ -77,49 +78,27 @@ class ScalePoint:
     viewer_ms: float | None  # the viewer's first page
 
 
-@dataclass(frozen=True)
-class Templates:
-    succeeded: Record
-    review: Record
+def _seed_identity(index: int) -> Identity:
+    return Identity("bench", "seed", "record", f"s{index}")
 
 
-async def _templates(journal: Journal) -> Templates:
-    definition = definition_digest("bench-seed-v1")
-    done = Identity("bench", "seed", "template", "done")
-    claim = await journal.begin(done, {"n": "0"}, definition)
-    assert isinstance(claim, Claim)
-    await journal.complete(claim, "receipt-template")
-    review = Identity("bench", "seed", "template", "review")
-    claim = await journal.begin(review, {"n": "1"}, definition)
-    await journal.mark_review(review, "seeded for the benchmark")
-    succeeded = await journal.store.peek(done, lambda record: record)
-    in_review = await journal.store.peek(review, lambda record: record)
-    assert isinstance(succeeded, Record)
-    assert isinstance(in_review, Record)
-    return Templates(succeeded, in_review)
+def _in_review(index: int) -> bool:
+    return index % REVIEW_EVERY == 0
 
 
-async def _seed(store: Store, templates: Templates, start: int, stop: int, tasks: int) -> int:
+async def _seed(store: Store, start: int, stop: int, tasks: int) -> int:
     """Records ``start`` .. ``stop - 1``; returns how many are needs_review."""
 
-    async def one(index: int) -> None:
-        template = templates.review if index % REVIEW_EVERY == 0 else templates.succeeded
-        record = replace(template, identity=Identity("bench", "seed", "record", f"s{index}"))
+    def identities(review: bool) -> Iterator[Identity]:
+        return (_seed_identity(n) for n in range(start, stop) if _in_review(n) == review)
 
-        def step(current: Record | None) -> Step[None]:
-            if current is not None:
-                raise RuntimeError(f"seed record s{index} is there already")
-            return Step(record, None)
-
-        await store.apply(record.identity, step)
-
-    await drive_cycles(lambda n: one(start + n), stop - start, tasks)
-    return sum(1 for index in range(start, stop) if index % REVIEW_EVERY == 0)
+    await seed_records(store, identities(False), status="succeeded", concurrency=tasks)
+    return await seed_records(store, identities(True), status="needs_review", concurrency=tasks)
 
 
-def _copy_postgres(location: str, templates: Templates, start: int, stop: int) -> int:
-    """Seed the PostgreSQL store's table by COPY: its own columns, the store's own encoding
-    of each record. Returns how many are needs_review."""
+def _copy_postgres(location: str, start: int, stop: int) -> int:
+    """Seed the PostgreSQL store's table by COPY: its own columns, each record as the store
+    encodes it. Returns how many are needs_review."""
     import psycopg
 
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(location).query)
@@ -131,19 +110,11 @@ def _copy_postgres(location: str, templates: Templates, start: int, stop: int) -
             f"COPY {schema}.records (status, claim_id, document, digest) FROM STDIN"
         ) as copy:
             for index in range(start, stop):
-                in_review = index % REVIEW_EVERY == 0
+                in_review = _in_review(index)
                 review += in_review
-                template = templates.review if in_review else templates.succeeded
-                identity = Identity("bench", "seed", "record", f"s{index}")
-                record = replace(template, identity=identity)
-                copy.write_row(
-                    (
-                        record.status,
-                        record.claim_id,
-                        encode_record(record),
-                        identity_digest(identity),
-                    )
-                )
+                status = "needs_review" if in_review else "succeeded"
+                planted = stored_record(_seed_identity(index), status)
+                copy.write_row((planted.status, planted.claim_id, planted.document, planted.digest))
         connection.commit()
     return review
 
@@ -162,13 +133,40 @@ async def _seeding_store(kind: str, location: str) -> AsyncIterator[Store]:
             yield journal.store
 
 
-async def _first_page_ms(journal: Journal) -> float:
-    app = create_app(journal)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
-        started = time.perf_counter()
-        response = await client.get("/")
-        elapsed = time.perf_counter() - started
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _first_page_ms(location: str) -> float:
+    """``GET /`` on a new ``itemjournal serve`` of ``location``, once it is warm."""
+    port = _free_port()
+    command = [sys.executable, "-m", "itemjournal", "serve", location, "--port", str(port)]
+    process = await anyio.open_process(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            with anyio.fail_after(VIEWER_START_S):
+                while True:  # the stylesheet needs neither the journal nor a template
+                    try:
+                        if (await client.get("/static/viewer.css")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    if process.returncode is not None:
+                        raise RuntimeError(f"itemjournal serve exited {process.returncode}")
+                    await anyio.sleep(0.05)
+            await client.get("/")  # compiles the templates, once per process
+            started = time.perf_counter()
+            response = await client.get("/")
+            elapsed = time.perf_counter() - started
+    finally:
+        process.terminate()
+        with anyio.CancelScope(shield=True):
+            await process.wait()
+            await process.aclose()
     if response.status_code != 200:
         raise RuntimeError(f"viewer answered {response.status_code}")
     return elapsed * 1000
@@ -195,7 +193,7 @@ async def _measure_point(
         async for _ in journal.records(status="needs_review"):
             listed += 1
         listing_s = time.perf_counter() - started
-        viewer_ms = await _first_page_ms(journal) if viewer else None
+    viewer_ms = await _first_page_ms(location) if viewer else None
     return ScalePoint(
         kind, records, open_s, sample, sweep_s, listing_s, listed, seeded_review, viewer_ms
     )
@@ -211,8 +209,6 @@ async def run_scale(
 ) -> list[ScalePoint]:
     """Fill one location up to each size in turn and measure it there."""
     points: list[ScalePoint] = []
-    async with scale_location(env, kind) as elsewhere, await Journal.open(elsewhere) as journal:
-        templates = await _templates(journal)  # real records, made in another location
     await (await Journal.open(location)).aclose()  # created empty, as a user would
     have = 0  # records in the location: seeded and measured cycles
     seeded_review = 0
@@ -223,12 +219,12 @@ async def run_scale(
             count = size - have
             if kind == "postgres":
                 seeded_review += await anyio.to_thread.run_sync(
-                    _copy_postgres, location, templates, next_seed, next_seed + count
+                    _copy_postgres, location, next_seed, next_seed + count
                 )
             else:
                 async with _seeding_store(kind, location) as store:
                     seeded_review += await _seed(
-                        store, templates, next_seed, next_seed + count, SEED_CONCURRENCY[kind]
+                        store, next_seed, next_seed + count, SEED_CONCURRENCY[kind]
                     )
             next_seed += count
             have += count

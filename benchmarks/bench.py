@@ -38,6 +38,7 @@ from _common import (
     positive,
     table,
     verdict,
+    without_password,
 )
 
 Setting = tuple[str, int]  # (event loop, concurrency)
@@ -607,9 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         print(notice, file=sys.stderr)
         skipped.append(notice)
     else:
-        from itemjournal._stores.registry import redact
-
-        environment += f"; PostgreSQL server {redact(url)}"
+        environment += f"; PostgreSQL server {without_password(url)}"
     _log(environment)
     started = time.perf_counter()
     import shutil

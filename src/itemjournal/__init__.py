@@ -28,6 +28,7 @@ from ._model.errors import StorageFailed as StorageFailed
 from ._model.errors import UnresolvedClaim as UnresolvedClaim
 from ._model.identity import Identity as Identity
 from ._model.identity import definition_digest as definition_digest
+from ._model.identity import identity_digest as identity_digest
 from ._model.identity import input_digest as input_digest
 from ._model.records import Event as Event
 from ._model.records import Owner as Owner
@@ -77,6 +78,7 @@ __all__ = [
     "Unknown",
     "UnresolvedClaim",
     "definition_digest",
+    "identity_digest",
     "input_digest",
     "once",
     "run_each",

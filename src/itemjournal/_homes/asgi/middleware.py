@@ -1,0 +1,336 @@
+"""The middleware: a request with a key is claimed in the journal, run once, recorded, and
+answered from the record ever after.
+
+The lifespan opens and closes a journal given by location; the request path reads the key
+and the body, claims, runs the application behind a ``Recorder`` and settles the record
+from what the application sent. The contract is written in ``itemjournal.asgi``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Iterable
+
+import anyio
+
+from ..._journal.journal import Journal
+from ..._model.errors import InvalidArgument, JournalError
+from ..._model.identity import Identity
+from ..._model.view import Claim
+from .keys import (
+    DEFINITION,
+    LABEL,
+    MalformedKey,
+    header,
+    parse_key,
+    request_identity,
+    request_inputs,
+)
+from .problems import Answer, internal_error, refusal, unavailable
+from .protocol import ASGIApp, Message, Receive, Scope, ScopeFunction, Send, logger
+from .responses import Recorder, replay
+
+__all__ = ["DEFAULT_MAX_BODY", "IdempotencyMiddleware", "claim_of"]
+
+DEFAULT_MAX_BODY = 1024 * 1024
+_CLAIM_SCOPE_KEY = "itemjournal.claim"
+# Server extensions that would let a response bypass the body messages we record.
+_BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopy")
+
+
+def claim_of(scope: Scope) -> Claim | None:
+    """The journal's claim on the request being handled (None without a key).
+
+    Hand ``claim_of(request.scope).key`` to a downstream service as *its* idempotency
+    key, so that even an operator-approved retry cannot repeat the effect there.
+    """
+    claim = scope.get(_CLAIM_SCOPE_KEY)
+    return claim if isinstance(claim, Claim) else None
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the application the body already read, then the client's."""
+    delivered = False
+
+    async def receive_replayed() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return receive_replayed
+
+
+class IdempotencyMiddleware:
+    """Answer duplicate requests from the journal instead of running them again.
+
+    See the module's documentation for the whole contract.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        location: str | None = None,
+        journal: Journal | None = None,
+        scope: str | ScopeFunction | None = None,
+        methods: Iterable[str] = ("POST", "PATCH"),
+        required: bool | Callable[[Scope], bool] = True,
+        wait: float | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
+        if (location is None) == (journal is None):
+            raise InvalidArgument(
+                "give the middleware exactly one of location= or journal=",
+                code="INVALID_ARGUMENT",
+            )
+        if isinstance(scope, str) and not LABEL.fullmatch(scope):
+            raise InvalidArgument(
+                f"a fixed scope {scope!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,79}}",
+                code="INVALIDLABEL",
+            )
+        if wait is not None and (
+            isinstance(wait, bool)
+            or not isinstance(wait, (int, float))
+            or not (math.isfinite(wait) and wait >= 0)
+        ):
+            raise InvalidArgument(
+                f"wait is a number of seconds, at least 0, or None, not {wait!r}",
+                code="INVALID_ARGUMENT",
+            )
+        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 0:
+            raise InvalidArgument(
+                f"max_body is a number of bytes, not {max_body!r}", code="INVALID_ARGUMENT"
+            )
+        self.app = app
+        self._location = location
+        self._journal = journal
+        self._scope = scope
+        self._methods = frozenset(method.upper() for method in methods)
+        self._required = required
+        self._wait = wait
+        self._max_body = max_body
+        self._opening: anyio.Lock | None = None
+
+    @property
+    def journal(self) -> Journal | None:
+        """The journal in use (None while one given by ``location`` is not open)."""
+        return self._journal
+
+    async def open(self) -> Journal:
+        """The journal, opening the one at ``location`` once, whoever asks first."""
+        if self._journal is not None:
+            return self._journal
+        if self._opening is None:
+            self._opening = anyio.Lock()
+        async with self._opening:
+            if self._journal is None:
+                assert self._location is not None
+                self._journal = await Journal.open(self._location)
+            return self._journal
+
+    async def aclose(self) -> None:
+        """Close a journal this middleware opened (a given ``journal`` stays open)."""
+        if self._location is None or self._journal is None:
+            return
+        journal, self._journal = self._journal, None
+        await journal.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+        elif scope["type"] == "http" and str(scope.get("method", "")).upper() in self._methods:
+            await self._http(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    # ------------------------------------------------------------------ lifespan
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._location is None:
+            await self.app(scope, receive, send)
+            return
+
+        async def lifespan_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "lifespan.startup.complete":
+                try:
+                    await self.open()
+                except Exception as error:
+                    logger.exception("itemjournal could not open %s", self._location)
+                    await send(
+                        {
+                            "type": "lifespan.startup.failed",
+                            "message": f"itemjournal could not open {self._location}: {error}",
+                        }
+                    )
+                    return
+            elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, lifespan_send)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.aclose()
+            raise
+
+    # ------------------------------------------------------------------ requests
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            prepared = await self._prepare(scope, receive)
+        except Answer as answer:
+            await answer.send(send)
+            return
+        if prepared is None:  # no key, and none required
+            await self.app(scope, receive, send)
+            return
+        if isinstance(prepared, _Gone):
+            return
+        identity, inputs, body = prepared
+        try:
+            journal = await self.open()
+        except JournalError as error:
+            logger.exception("itemjournal could not open %s", self._location)
+            await unavailable(error).send(send)
+            return
+        app_scope = dict(scope)
+        extensions = scope.get("extensions")
+        if isinstance(extensions, dict):
+            app_scope["extensions"] = {
+                name: value
+                for name, value in extensions.items()
+                if name not in _BYPASSING_EXTENSIONS
+            }
+        recorder: Recorder | None = None
+        entered = False
+        try:
+            async with journal.claim(identity, inputs, DEFINITION, wait=self._wait) as attempt:
+                entered = True
+                if attempt.reused:
+                    await replay(send, attempt.result, attempt.receipt)
+                    return
+                recorder = Recorder(send, attempt)
+                app_scope[_CLAIM_SCOPE_KEY] = attempt.claim
+                await self.app(app_scope, _replaying(body, receive), recorder.send)
+                if not recorder.started:
+                    await attempt.mark_review("the application sent no response")
+                elif not recorder.finished:
+                    await attempt.mark_review("the application left its response unfinished")
+                elif recorder.held is not None:
+                    await attempt.mark_review(
+                        f"the application answered {recorder.status}; "
+                        "whether its effect happened is unknown"
+                    )
+        except JournalError as error:
+            if entered:
+                await _after_failure(send, recorder)
+                raise
+            await refusal(error).send(send)
+            return
+        except Exception:
+            await _after_failure(send, recorder)
+            raise
+        if recorder is not None:
+            if not recorder.started:
+                await internal_error(send)
+            elif recorder.held is not None:
+                await send(recorder.held)
+
+    async def _prepare(
+        self, scope: Scope, receive: Receive
+    ) -> tuple[Identity, dict[str, str | int], bytes] | _Gone | None:
+        """Identity, inputs and body of a request with a key; None when it has none."""
+        values = header(scope, b"idempotency-key")
+        if not values:
+            required = self._required(scope) if callable(self._required) else self._required
+            if not required:
+                return None
+            raise Answer(
+                400,
+                "idempotency-key-missing",
+                "Idempotency-Key missing",
+                f"{scope.get('method')} requests to this resource need an Idempotency-Key "
+                'header, such as Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"',
+            )
+        if len(values) > 1:
+            raise Answer(
+                400,
+                "idempotency-key-malformed",
+                "Idempotency-Key malformed",
+                "the request carries more than one Idempotency-Key",
+            )
+        try:
+            key = parse_key(values[0])
+        except MalformedKey as error:
+            raise Answer(
+                400, "idempotency-key-malformed", "Idempotency-Key malformed", str(error)
+            ) from None
+        scope_value = await self._scope_value(scope)
+        body = await self._read_body(scope, receive)
+        if body is None:
+            return _Gone()
+        return request_identity(scope_value, key), request_inputs(scope, body), body
+
+    async def _scope_value(self, scope: Scope) -> str:
+        if self._scope is None:
+            return "default"
+        if isinstance(self._scope, str):
+            return self._scope
+        value = self._scope(scope)
+        if inspect.isawaitable(value):
+            value = await value
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"the scope function must return a non-empty str, not {value!r}")
+        return value
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole request body (None if the client left), refused beyond the limit."""
+        too_large = Answer(
+            413,
+            "request-too-large",
+            "Request body too large",
+            f"requests with an Idempotency-Key carry at most {self._max_body} bytes",
+        )
+        for declared in header(scope, b"content-length"):
+            if declared.strip().isdigit() and int(declared) > self._max_body:
+                raise too_large
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            if message["type"] != "http.request":
+                continue
+            chunk = bytes(message.get("body", b""))
+            size += len(chunk)
+            if size > self._max_body:
+                raise too_large
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+class _Gone:
+    """The client disconnected before its request body arrived: nothing to answer."""
+
+
+async def _after_failure(send: Send, recorder: Recorder | None) -> None:
+    """The application raised: answer what the client has not been answered yet.
+
+    The application's exception is what goes on to the server: a client that left
+    meanwhile must not replace it with an error of its own.
+    """
+    try:
+        if recorder is None or not recorder.started:
+            await internal_error(send)
+        elif recorder.held is not None:
+            await send(recorder.held)
+    except Exception:
+        logger.debug("could not answer a failed idempotent request", exc_info=True)

@@ -1,0 +1,25 @@
+"""The shapes of the ASGI protocol the middleware speaks: a scope, its messages, the
+``receive`` and ``send`` callables and an application.
+
+Kept apart so that every room of the middleware names them the same way without importing
+the middleware itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+__all__ = ["ASGIApp", "Message", "Receive", "Scope", "ScopeFunction", "Send", "logger"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ScopeFunction = Callable[[Scope], str | Awaitable[str]]
+
+# Named after the public module, so that logging configured for ``itemjournal.asgi`` keeps
+# catching what every room of the middleware logs.
+logger = logging.getLogger("itemjournal.asgi")
