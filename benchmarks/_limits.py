@@ -29,8 +29,9 @@ from bench_postgres import Bare, _create_bare_table, _drop
 from bench_postgres import Settings as PostgresSettings
 
 from itemjournal import Claim, Journal, definition_digest
+from itemjournal._model.codec import encode_record
 from itemjournal._model.identity import Identity, identity_digest
-from itemjournal._model.records import Record, encode_record
+from itemjournal._model.records import Record
 
 PAYLOAD = 1024  # bytes per bare file save; a journal record is about 750-900 B
 

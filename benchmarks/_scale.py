@@ -42,8 +42,9 @@ from _common import (
 from _stores import PG_POOL_SIZE, _drop_schema, postgres_location
 
 from itemjournal import Claim, Journal, definition_digest
+from itemjournal._model.codec import encode_record
 from itemjournal._model.identity import Identity, identity_digest
-from itemjournal._model.records import Record, encode_record
+from itemjournal._model.records import Record
 from itemjournal._operator.viewer.app import create_app
 from itemjournal._stores.fileio import FileSystem
 from itemjournal._stores.files.store import FileStore

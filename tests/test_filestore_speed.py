@@ -28,8 +28,9 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
+from itemjournal._model.codec import encode_record
 from itemjournal._model.identity import identity_digest
-from itemjournal._model.records import Record, encode_record
+from itemjournal._model.records import Record
 from itemjournal._stores.files.store import _TEMP, _shows_other_status, try_lock_record
 from itemjournal._stores.owners import current_pid
 from itemjournal._stores.seam import Step

@@ -67,8 +67,10 @@ from typing import Any
 
 import anyio
 
-from ._journal.journal import Attempt, Journal
-from ._model.errors import ConflictError, InvalidArgument, JournalError
+from ._journal.claim import Attempt
+from ._journal.journal import Journal
+from ._model.conflicts import ConflictError
+from ._model.errors import InvalidArgument, JournalError
 from ._model.identity import definition_digest
 from ._model.records import MAX_RESULT_BYTES
 from ._model.view import Claim

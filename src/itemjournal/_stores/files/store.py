@@ -49,9 +49,10 @@ from typing import Any, Final, TypeVar
 import anyio
 import anyio.lowlevel
 
+from ..._model.codec import decode_record, encode_record
 from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from ..._model.identity import Identity, IdentityLike, coerce_identity, identity_digest
-from ..._model.records import MAX_RECORD_BYTES, Record, decode_record, encode_record
+from ..._model.records import MAX_RECORD_BYTES, Record
 from ..dirs import make_dirs, sync_dir
 from ..fileio import FileSystem
 from ..kernelclock import kernel_time

@@ -64,9 +64,10 @@ import psycopg.errors
 import psycopg_pool
 from psycopg import sql
 
+from ..._model.codec import decode_row, encode_record
 from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from ..._model.identity import Identity, identity_digest
-from ..._model.records import STATUSES, Owner, Record, decode_row, encode_record
+from ..._model.records import STATUSES, Owner, Record
 from ..owners import current_owner, gone_reason, owner_alive
 from ..registry import redact
 from ..seam import Step, StepFunction, Tally

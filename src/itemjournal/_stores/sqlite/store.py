@@ -42,10 +42,11 @@ from typing import Any, Final, Generic, NamedTuple, TypeVar
 import anyio
 import anyio.lowlevel
 
+from ..._model.codec import decode_row, encode_record
 from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from ..._model.identity import Identity, identity_digest
 from ..._model.records import STATUSES as _STATUSES
-from ..._model.records import Record, decode_row, encode_record
+from ..._model.records import Record
 from ..dirs import make_dirs, sync_dir
 from ..fileio import FileSystem
 from ..kernelclock import kernel_time
