@@ -67,7 +67,8 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
-from itemjournal._model.records import Record, clear_decode_cache
+from itemjournal._model.codec import clear_decode_cache
+from itemjournal._model.records import Record
 from itemjournal._stores.files.temps import (
     _BOOT_DIGITS,
     _NAMESPACE_DIGITS,

@@ -28,8 +28,9 @@ from itemjournal import (
     StorageFailed,
     definition_digest,
 )
+from itemjournal._model.codec import encode_record
 from itemjournal._model.identity import identity_digest
-from itemjournal._model.records import Record, encode_record
+from itemjournal._model.records import Record
 from itemjournal._stores.files.locks import try_lock_record
 from itemjournal._stores.files.scans import _shows_other_status
 from itemjournal._stores.files.temps import _TEMP

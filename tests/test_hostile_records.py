@@ -56,6 +56,7 @@ from itemjournal import (
     Reuse,
     definition_digest,
 )
+from itemjournal._model.codec import decode_record, encode_record
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import (
     HISTORY_LIMIT,
@@ -64,8 +65,6 @@ from itemjournal._model.records import (
     Event,
     Owner,
     Record,
-    decode_record,
-    encode_record,
 )
 
 pytestmark = pytest.mark.anyio

@@ -30,7 +30,8 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
-from itemjournal._model.records import Owner, clear_decode_cache
+from itemjournal._model.codec import clear_decode_cache
+from itemjournal._model.records import Owner
 from itemjournal._stores.owners import GONE_REBOOTED, boot_log_path
 from itemjournal._stores.seam import Step
 
@@ -230,7 +231,7 @@ async def test_a_result_at_the_limit_is_kept_and_one_byte_more_is_refused(
 async def test_a_record_without_a_result_is_written_as_before(journal: Journal) -> None:
     """Records that store no result keep document version 1, so a process of an earlier
     release can still read them during a rolling upgrade."""
-    from itemjournal._model.records import encode_record
+    from itemjournal._model.codec import encode_record
 
     claim = await claimed(journal, ident("no-result"))
     await journal.complete(claim, "r")

@@ -25,7 +25,7 @@ import anyio
 import pytest
 from _builders import gone_reason_of
 
-import itemjournal._journal.journal as journal_module
+import itemjournal._journal.turns as journal_module
 from itemjournal import (
     Claim,
     ConflictError,
@@ -39,8 +39,8 @@ from itemjournal import (
     UnresolvedClaim,
     definition_digest,
 )
+from itemjournal._model.codec import clear_decode_cache, decode_record, encode_record
 from itemjournal._model.identity import identity_digest
-from itemjournal._model.records import clear_decode_cache, decode_record, encode_record
 from itemjournal._stores.files.locks import try_lock_record
 
 pytestmark = pytest.mark.anyio

@@ -31,8 +31,9 @@ from itemjournal import (
     Store,
     definition_digest,
 )
+from itemjournal._model.codec import decode_record, encode_record
 from itemjournal._model.identity import identity_digest
-from itemjournal._model.records import MAX_RECORD_BYTES, Record, decode_record, encode_record
+from itemjournal._model.records import MAX_RECORD_BYTES, Record
 from itemjournal._stores.seam import Step, StepFunction
 from itemjournal.testing import MemoryStore
 

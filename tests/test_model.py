@@ -48,8 +48,9 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
+from itemjournal._model.codec import clear_decode_cache
 from itemjournal._model.identity import identity_digest
-from itemjournal._model.records import HISTORY_LIMIT, clear_decode_cache
+from itemjournal._model.records import HISTORY_LIMIT
 from itemjournal._stores.files.temps import _parse_writer_token, _writer_token
 
 IDENTITIES = (

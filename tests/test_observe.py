@@ -30,7 +30,8 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
-from itemjournal._model.records import Record, encode_record
+from itemjournal._model.codec import encode_record
+from itemjournal._model.records import Record
 from itemjournal.testing import MemoryStore
 
 pytestmark = pytest.mark.anyio

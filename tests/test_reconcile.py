@@ -35,8 +35,8 @@ from itemjournal import (
     Unknown,
     definition_digest,
 )
+from itemjournal._journal.reconcile import resolution_note
 from itemjournal._model.identity import identity_digest
-from itemjournal._operator.reconcile import resolution_note
 
 pytestmark = pytest.mark.anyio
 
@@ -523,7 +523,7 @@ async def test_started_records_are_never_reconciled(journal: Journal) -> None:
 
 
 async def test_a_check_must_be_callable_and_a_journal_a_journal(journal: Journal) -> None:
-    from itemjournal._operator.reconcile import reconcile
+    from itemjournal._journal.reconcile import reconcile
 
     with pytest.raises(InvalidArgument) as refused:
         await journal.reconcile("module:function")  # type: ignore[arg-type]
@@ -612,7 +612,7 @@ async def test_a_resolution_that_cannot_be_written_fails_alone(
 
 
 async def test_progress_is_told_of_each_record_settled(journal: Journal) -> None:
-    from itemjournal._operator.reconcile import reconcile
+    from itemjournal._journal.reconcile import reconcile
 
     await make_review(journal, [f"order-{n}" for n in range(7)])
     told: list[Identity] = []

@@ -11,17 +11,9 @@ import pytest
 from _builders import started_record
 
 from itemjournal import Identity, Journal, RecordInvalid, definition_digest
-from itemjournal._model import records as _records
-from itemjournal._model.records import (
-    HISTORY_LIMIT,
-    MAX_RECORD_BYTES,
-    Owner,
-    Record,
-    clear_decode_cache,
-    decode_record,
-    encode_record,
-    parse_process,
-)
+from itemjournal._model import codec as _records
+from itemjournal._model.codec import clear_decode_cache, decode_record, encode_record
+from itemjournal._model.records import HISTORY_LIMIT, MAX_RECORD_BYTES, Owner, Record, parse_process
 
 pytestmark = pytest.mark.anyio
 

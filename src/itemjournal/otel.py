@@ -40,7 +40,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer, TracerProv
 
 from . import __version__
 from ._journal.journal import Journal
-from ._model.errors import ConflictError, JournalError
+from ._model.conflicts import ConflictError
+from ._model.errors import JournalError
 from ._model.identity import Identity, identity_digest
 
 __all__ = ["instrument", "uninstrument"]

@@ -42,8 +42,9 @@ import anyio
 import anyio.abc
 
 from ._model import machine
+from ._model.codec import encode_record
 from ._model.identity import Identity, definition_digest, identity_digest, input_digest
-from ._model.records import Owner, Record, encode_record, utc_now
+from ._model.records import Owner, Record, utc_now
 from ._stores.memory import MemoryStore
 from ._stores.owners import current_owner
 from ._stores.seam import Step, Store

@@ -11,11 +11,13 @@ from typing import Generic, Literal, TypeAlias, TypeVar
 import anyio
 import anyio.to_thread
 
-from .._journal.journal import Journal, _check_wait
-from .._model.errors import ConflictError, InvalidArgument, JournalError
+from .._journal.arguments import check_wait, is_async
+from .._journal.journal import Journal
+from .._model.conflicts import ConflictError
+from .._model.errors import InvalidArgument, JournalError
 from .._model.identity import Identity, IdentityLike, InputValue, coerce_identity, definition_digest
 from .._model.view import Claim, RecordView
-from .once import _AS_STORED, _is_async, _name, _unpack
+from .once import _AS_STORED, _name, _unpack
 
 __all__ = ["EachDone", "EachFailure", "EachReport", "run_each"]
 
@@ -179,7 +181,7 @@ async def run_each(
             f"limit is the number of items in flight at once, a positive int, not {limit!r}",
             code="INVALID_ARGUMENT",
         )
-    if not _is_async(fn):
+    if not is_async(fn):
         raise InvalidArgument(
             f"run_each() calls an async def function; {_name(fn)} is not one",
             code="INVALID_ARGUMENT",
@@ -190,7 +192,7 @@ async def run_each(
             code="INVALID_IDENTITY",
         )
     inputs_of = _inputs_function(inputs)
-    wait = _check_wait(wait)
+    wait = check_wait(wait)
     source = _source(items)
     digest = await _definition(definition, fn)
     name = _name(fn)

@@ -13,7 +13,8 @@ from typing import Any, ParamSpec, TypeAlias, overload
 import anyio
 import anyio.to_thread
 
-from .._journal.journal import Journal, _check_wait
+from .._journal.arguments import check_wait, is_async
+from .._journal.journal import Journal
 from .._model.errors import InvalidArgument
 from .._model.identity import (
     Identity,
@@ -133,7 +134,7 @@ def once(
                 code="INVALID_HASH",
             )
         definition = definition_digest(definition)
-    wait = _check_wait(wait)  # refused now, not at the first call
+    wait = check_wait(wait)  # refused now, not at the first call
     return Once(
         journal,
         identity=chosen_identity,
@@ -177,7 +178,7 @@ class Once:
     def __call__(
         self, func: Callable[P, Awaitable[str | tuple[str, str | None]]]
     ) -> Callable[P, Coroutine[Any, Any, str | tuple[str, str | None]]]:
-        if not _is_async(func):
+        if not is_async(func):
             raise InvalidArgument(
                 f"once() decorates an async def function; {_name(func)} is not one",
                 code="INVALID_ARGUMENT",
@@ -237,12 +238,6 @@ class Once:
                 code="INVALID_ARGUMENT",
             )
         return value
-
-
-def _is_async(func: object) -> bool:
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-        getattr(func, "__call__", None)  # noqa: B004 - an object whose __call__ is async
-    )
 
 
 def _name(func: object) -> str:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
 
-from .._model.errors import ConflictError, JournalError
+from .._model.conflicts import ConflictError
+from .._model.errors import JournalError
 from .._model.identity import Identity, identity_digest
 from .._model.records import Record
 

@@ -1,3 +1,3 @@
-"""The model: identities and fingerprints, the record document and its strict codec,
-errors, views, and the pure state machine. Imports nothing else of the package.
+"""The model: identities and fingerprints, the record and its rules, the strict codec,
+errors, views, verdicts, and the pure state machine. Imports nothing else of the package.
 """

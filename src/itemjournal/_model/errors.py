@@ -1,21 +1,15 @@
-"""The error family: one base with a stable ``code``, a few flat subclasses."""
+"""The error family: one base with a stable ``code``, a few flat subclasses.
+
+The errors here need nothing of the model, so every other module may raise them. The two
+that carry a record's view (``ConflictError``, ``UnresolvedClaim``) live beside the view,
+in ``conflicts``.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .view import RecordView
-
-__all__ = [
-    "ConflictError",
-    "InvalidArgument",
-    "JournalError",
-    "RecordInvalid",
-    "StorageFailed",
-    "UnresolvedClaim",
-]
+__all__ = ["InvalidArgument", "JournalError", "RecordInvalid", "StorageFailed"]
 
 
 class JournalError(Exception):
@@ -66,33 +60,6 @@ class RecordInvalid(JournalError):
     def __init__(self, message: str, *, location: str | None = None) -> None:
         super().__init__(message)
         self.location = location
-
-
-class ConflictError(JournalError):
-    """The record's state refuses the request; ``view`` shows the record as it is.
-
-    Codes: ``INPUT_CHANGED``, ``DEFINITION_CHANGED``, ``REVIEW_REQUIRED``,
-    ``CLAIM_MISMATCH``, ``NOT_STARTED``, ``NOT_IN_REVIEW``, ``INPUT_KEY_MISMATCH``.
-    """
-
-    code = "CONFLICT"
-
-    def __init__(self, message: str, *, code: str, view: RecordView | None = None) -> None:
-        super().__init__(message, code=code)
-        self.view = view
-
-
-class UnresolvedClaim(JournalError):
-    """A ``claim()`` block ended without ``complete`` or ``mark_review`` (``UNRESOLVED_CLAIM``).
-
-    The record was marked ``needs_review`` before this was raised.
-    """
-
-    code = "UNRESOLVED_CLAIM"
-
-    def __init__(self, message: str, *, view: RecordView | None = None) -> None:
-        super().__init__(message)
-        self.view = view
 
 
 class StorageFailed(JournalError, OSError):

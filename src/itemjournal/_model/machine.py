@@ -6,7 +6,7 @@ with what it read and writes what they return (``None`` means: write nothing).
 
 from __future__ import annotations
 
-from .errors import ConflictError
+from .conflicts import ConflictError
 from .identity import Identity
 from .records import Owner, Record
 

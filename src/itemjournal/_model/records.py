@@ -1,35 +1,40 @@
-"""The record document (version 1): its fields, its encoding and its strict reading."""
+"""The record (version 1 and 2 documents): its fields and the rules its values obey.
+
+Here: ``Record``, ``Owner``, ``Event``, the statuses and events a record can hold, the
+limits of receipts, results and notes (and the checks that say why a value breaks them),
+and how an owner's ``process`` is spelled. How a record becomes bytes and is read back
+strictly lives in ``codec``: the rules are shared by the journal, the homes and the
+codec, while only the stores (and the journal's checks) need the codec.
+"""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from .errors import RecordInvalid
-from .identity import Identity, identity_digest
+from .identity import Identity
 
 __all__ = [
+    "EVENTS",
     "HISTORY_LIMIT",
+    "MAX_NOTE_CHARS",
+    "MAX_RECEIPT_CHARS",
     "MAX_RECORD_BYTES",
+    "MAX_RESULT_BYTES",
     "STATUSES",
     "Event",
     "Owner",
     "ProcessName",
     "Record",
-    "clear_decode_cache",
-    "decode_record",
-    "encode_record",
+    "note_problem",
     "parse_process",
     "receipt_problem",
     "result_problem",
     "utc_now",
 ]
 
-VERSION = 1  # a record without a result; written exactly as before results existed
-RESULT_VERSION = 2  # a succeeded record carrying a replayable result
 MAX_RESULT_BYTES = 64 * 1024
 MAX_RECORD_BYTES = 1024 * 1024
 HISTORY_LIMIT = 32
@@ -38,12 +43,6 @@ MAX_NOTE_CHARS = 500
 STATUSES = ("started", "succeeded", "needs_review", "released")
 EVENTS = ("begin", "complete", "mark_review", "resolve", "sweep")
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-_HEX32 = re.compile(r"[0-9a-f]{32}")
-_KIND = re.compile(r"sha256|hmac-sha256:[0-9a-f]{16}")
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
-_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}\+00:00")
-MAX_INT = 2**63 - 1
 # An owner process (see _owner): "<boot id>:<pid-namespace inode>:<time-namespace inode>:
 # <start ticks>"; before time namespaces were recorded, "<boot id>:<pid ns>:<ticks>"; an
 # owner that could not name its process but knew its boot: "<boot id>" alone.
@@ -51,8 +50,6 @@ _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _NUMBER = r"(?:0|[1-9][0-9]{0,19})"
 _PROCESS = re.compile(rf"({_UUID})(?::([1-9][0-9]{{0,19}})(?::({_NUMBER}))?:({_NUMBER}))?")
 MAX_U64 = 2**64 - 1
-# A database session that holds a claim (see the PostgreSQL store): "<kind>:<16 hex>".
-_SESSION = re.compile(r"[a-z][a-z0-9]{0,15}:[0-9a-f]{16}")
 
 
 def utc_now() -> str:
@@ -193,353 +190,3 @@ class Record:
         attempt = changes.get("attempt", self.attempt)
         history = (*self.history, Event(at, event, status, attempt, note))[-HISTORY_LIMIT:]
         return replace(self, status=status, updated_at=at, history=history, **changes)
-
-
-_KEYS = frozenset(
-    {
-        "version",
-        "identity",
-        "input_kind",
-        "input_hash",
-        "definition_hash",
-        "claim_id",
-        "status",
-        "receipt",
-        "attempt",
-        "created_at",
-        "updated_at",
-        "owner",
-        "review_reason",
-        "history",
-    }
-)
-_RESULT_KEYS = _KEYS | {"result"}
-_OWNER_KEYS = frozenset({"host", "pid", "started_at", "process"})
-_SESSION_OWNER_KEYS = _OWNER_KEYS | {"session"}
-_EVENT_KEYS = frozenset({"at", "event", "status", "attempt", "note"})
-
-
-# Documents this process wrote or already read strictly, by their exact bytes: reading
-# the same bytes again gives the same record, so the parse can be skipped. Bounded;
-# plain dict operations are atomic, so worker threads may share it.
-_KNOWN: dict[bytes, Record] = {}
-_KNOWN_LIMIT = 1024
-_KNOWN_MAX_BYTES = 16 * 1024  # at most 16 MiB held, whatever the records look like
-
-
-def _remember(data: bytes, record: Record) -> None:
-    if len(data) > _KNOWN_MAX_BYTES:
-        return
-    if len(_KNOWN) >= _KNOWN_LIMIT:
-        _KNOWN.clear()
-    _KNOWN[data] = record
-
-
-def clear_decode_cache() -> None:
-    """Forget every remembered document, so that the next reads parse strictly again."""
-    _KNOWN.clear()
-
-
-def encode_record(record: Record) -> bytes:
-    """The document's bytes, proven readable: they go through the strict reader first.
-
-    A record the reader would reject (a reason too long, a lone surrogate, a bug) is
-    refused here, before anything is written, with ``RECORD_INVALID``: a journal must
-    never write what it cannot read back.
-    """
-    document: dict[str, Any] = {
-        "version": VERSION if record.result is None else RESULT_VERSION,
-        "identity": list(record.identity),
-        "input_kind": record.input_kind,
-        "input_hash": record.input_hash,
-        "definition_hash": record.definition_hash,
-        "claim_id": record.claim_id,
-        "status": record.status,
-        "receipt": record.receipt,
-        "attempt": record.attempt,
-        "created_at": record.created_at,
-        "updated_at": record.updated_at,
-        "owner": None if record.owner is None else _owner_document(record.owner),
-        "review_reason": record.review_reason,
-        "history": [
-            {"at": e.at, "event": e.event, "status": e.status, "attempt": e.attempt, "note": e.note}
-            for e in record.history
-        ],
-    }
-    if record.result is not None:
-        document["result"] = record.result
-    # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
-    text = _ENCODER.encode(document)
-    try:
-        data = (text + "\n").encode("utf-8")
-        again = _decode(data, record.identity)
-    except (_Bad, UnicodeEncodeError) as error:
-        raise RecordInvalid(
-            f"refusing to write a record of {list(record.identity)} that the strict reader "
-            f"would reject: {error}"
-        ) from None
-    if again != record:
-        raise RecordInvalid(
-            f"refusing to write a record of {list(record.identity)} that does not read back "
-            f"as written"
-        )
-    _remember(data, again)
-    return data
-
-
-class _Bad(Exception):
-    pass
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)  # built in C; a repeated key leaves it shorter than the pairs
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _Bad(f"duplicate key {key!r}")
-            seen.add(key)
-    return result
-
-
-def _constant(name: str) -> Any:
-    raise _Bad(f"non-standard JSON constant {name}")
-
-
-# Made once: ``json.dumps`` and ``json.loads`` with options build a new encoder or decoder
-# on every call, a few microseconds of every write and every read.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
-
-
-# Texts already found to match a pattern, per pattern: labels, hashes and claim ids recur
-# (every write of a record repeats them, and a journal's labels are few). Bounded; plain
-# dict operations, safe across threads.
-_MATCHED: dict[re.Pattern[str], dict[str, None]] = {}
-_MATCHED_LIMIT = 4096
-
-
-def _matches(pattern: re.Pattern[str], text: str) -> bool:
-    seen = _MATCHED.get(pattern)
-    if seen is None:
-        seen = _MATCHED.setdefault(pattern, {})
-    if text in seen:
-        return True
-    if pattern.fullmatch(text) is None:
-        return False
-    if len(seen) >= _MATCHED_LIMIT:
-        seen.clear()
-    seen[text] = None
-    return True
-
-
-def _str(value: Any, what: str, pattern: re.Pattern[str] | None = None) -> str:
-    if not isinstance(value, str):
-        raise _Bad(f"{what} is not a string")
-    if pattern is not None and not _matches(pattern, value):
-        raise _Bad(f"{what} is malformed")
-    return value
-
-
-def _int(value: Any, what: str, minimum: int) -> int:
-    if type(value) is not int or not minimum <= value <= MAX_INT:
-        raise _Bad(f"{what} is not an integer from {minimum} to 2**63-1")
-    return value
-
-
-# Times already found well formed and real, by their exact text: a record repeats its
-# times (created_at is its first event's, updated_at its last's) and every write of it
-# checks its whole history again. Bounded; plain dict operations, safe across threads.
-_GOOD_TIMES: dict[str, None] = {}
-_GOOD_TIMES_LIMIT = 4096
-
-
-def _time(value: Any, what: str) -> str:
-    if type(value) is str and value in _GOOD_TIMES:
-        return value
-    text = _str(value, what, _TIME)
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        raise _Bad(f"{what} is not a real time") from None
-    if len(_GOOD_TIMES) >= _GOOD_TIMES_LIMIT:
-        _GOOD_TIMES.clear()
-    _GOOD_TIMES[text] = None
-    return text
-
-
-def _process(value: Any) -> str:
-    text = _str(value, "owner process")
-    if text and parse_process(text) is None:
-        raise _Bad("owner process is malformed")
-    return text
-
-
-def _owner_document(owner: Owner) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "host": owner.host,
-        "pid": owner.pid,
-        "started_at": owner.started_at,
-        "process": owner.process,
-    }
-    if owner.session:
-        document["session"] = owner.session
-    return document
-
-
-def _opt_note(value: Any, what: str) -> str | None:
-    if value is None:
-        return None
-    problem = note_problem(value, what)
-    if problem:
-        raise _Bad(problem)
-    return str(value)
-
-
-def _decode(data: bytes, expected: Identity | str) -> Record:
-    if len(data) > MAX_RECORD_BYTES:
-        raise _Bad(f"record is larger than {MAX_RECORD_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise _Bad("record is not UTF-8") from error
-    try:
-        if text.startswith("\ufeff"):  # what ``json.loads`` refuses before decoding
-            raise ValueError("Unexpected UTF-8 BOM (decode using utf-8-sig)")
-        raw = _DECODER.decode(text)
-    except (ValueError, RecursionError) as error:
-        raise _Bad(f"record is not valid JSON ({error})") from error
-    if type(raw) is not dict:
-        raise _Bad("record is not a JSON object")
-    if b"\\u" in data:  # an escape may smuggle in a lone surrogate, which no write could store
-        try:
-            json.dumps(raw, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise _Bad("record holds text that is not valid Unicode (a lone surrogate)") from None
-    version = raw.get("version")
-    if type(version) is not int or version not in (VERSION, RESULT_VERSION):
-        raise _Bad(f"record version {version!r} is not {VERSION} or {RESULT_VERSION}")
-    keys = _KEYS if version == VERSION else _RESULT_KEYS
-    if raw.keys() != keys:  # compared as sets, without building one
-        missing = sorted(keys - set(raw))
-        unknown = sorted(set(raw) - keys)
-        raise _Bad(f"record fields wrong (missing {missing}, unknown {unknown})")
-    identity = raw["identity"]
-    if (
-        type(identity) is not list
-        or len(identity) != 4
-        or not all(isinstance(p, str) and _matches(_LABEL, p) for p in identity)
-    ):
-        raise _Bad("identity is not a list of four labels")
-    if isinstance(expected, str):
-        if identity_digest(Identity(*identity)) != expected:
-            raise _Bad(f"record of identity {identity} is stored under another identity's name")
-    elif tuple(identity) != tuple(expected):
-        raise _Bad(f"record belongs to identity {identity}, not {list(expected)}")
-    status = raw["status"]
-    if status not in STATUSES:
-        raise _Bad(f"unknown status {status!r}")
-    receipt = raw["receipt"]
-    if status == "succeeded":
-        problem = receipt_problem(receipt)
-        if problem:
-            raise _Bad(f"succeeded record with a bad receipt: {problem}")
-    elif receipt is not None:
-        raise _Bad(f"a {status} record carries a receipt")
-    owner_raw = raw["owner"]
-    owner: Owner | None
-    if owner_raw is None:
-        owner = None
-    else:
-        if type(owner_raw) is not dict or (
-            owner_raw.keys() != _OWNER_KEYS and owner_raw.keys() != _SESSION_OWNER_KEYS
-        ):
-            raise _Bad("owner is malformed")
-        owner = Owner(
-            host=_str(owner_raw["host"], "owner host"),
-            pid=_int(owner_raw["pid"], "owner pid", 1),
-            started_at=_str(owner_raw["started_at"], "owner started_at"),
-            process=_process(owner_raw["process"]),
-            session=_str(owner_raw["session"], "owner session", _SESSION)
-            if "session" in owner_raw
-            else "",
-        )
-    if status == "started" and owner is None:
-        raise _Bad("a started record names no owner")
-    history_raw = raw["history"]
-    if type(history_raw) is not list or len(history_raw) > HISTORY_LIMIT:
-        raise _Bad(f"history is not a list of at most {HISTORY_LIMIT} events")
-    history = []
-    for entry in history_raw:
-        if type(entry) is not dict or entry.keys() != _EVENT_KEYS:
-            raise _Bad("history entry is malformed")
-        if entry["event"] not in EVENTS or entry["status"] not in STATUSES:
-            raise _Bad("history entry names an unknown event or status")
-        history.append(
-            Event(
-                at=_time(entry["at"], "history time"),
-                event=entry["event"],
-                status=entry["status"],
-                attempt=_int(entry["attempt"], "history attempt", 1),
-                note=_opt_note(entry["note"], "history note"),
-            )
-        )
-    review_reason = _opt_note(raw["review_reason"], "review reason")
-    result = raw.get("result")
-    if version == RESULT_VERSION:
-        problem = result_problem(result)
-        if problem or result is None:
-            raise _Bad(f"bad result: {problem or 'a version 2 record carries a result'}")
-        if status != "succeeded":
-            raise _Bad(f"a {status} record carries a result")
-    return Record(
-        identity=Identity(*identity),
-        input_kind=_str(raw["input_kind"], "input_kind", _KIND),
-        input_hash=_str(raw["input_hash"], "input_hash", _HEX64),
-        definition_hash=_str(raw["definition_hash"], "definition_hash", _HEX64),
-        claim_id=_str(raw["claim_id"], "claim_id", _HEX32),
-        status=status,
-        receipt=receipt,
-        attempt=_int(raw["attempt"], "attempt", 1),
-        created_at=_time(raw["created_at"], "created_at"),
-        updated_at=_time(raw["updated_at"], "updated_at"),
-        owner=owner,
-        review_reason=review_reason,
-        history=tuple(history),
-        result=result,
-    )
-
-
-def decode_record(data: bytes, expected: Identity | str, *, location: str | None = None) -> Record:
-    """Read a record strictly; anything unexpected is ``RECORD_INVALID``.
-
-    ``expected`` is the identity asked for, or (when scanning) the identity digest the
-    record's location was derived from.
-    """
-    known = _KNOWN.get(data)
-    if known is not None:
-        wanted = known.identity if isinstance(expected, tuple) else identity_digest(known.identity)
-        if wanted == expected:
-            return known
-    try:
-        record = _decode(data, expected)
-    except _Bad as error:
-        where = f" at {location}" if location else ""
-        raise RecordInvalid(f"record{where} is invalid: {error}", location=location) from None
-    _remember(data, record)
-    return record
-
-
-def decode_row(document: object, digest: str, status: object, *, location: str) -> Record:
-    """The record a database row holds: its document read strictly, and its indexed
-    status column checked against the document's; anything off is ``RECORD_INVALID``."""
-    if not isinstance(document, bytes):
-        raise RecordInvalid(f"record at {location} is not stored as bytes", location=location)
-    record = decode_record(document, digest, location=location)
-    if status != record.status:
-        raise RecordInvalid(
-            f"record at {location} has status column {status!r} but document "
-            f"status {record.status!r}",
-            location=location,
-        )
-    return record

@@ -1,3 +1,4 @@
-"""Operator tools: reconciliation, the ``itemjournal`` command and the read-only viewer.
-They stand on the journal; nothing below imports them.
+"""Operator tools: the ``itemjournal`` command and the read-only viewer. They stand on the
+journal (reconciliation, which ``Journal.reconcile`` shares, lives there); nothing below
+imports them.
 """

@@ -25,9 +25,10 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 
+from .._model.codec import decode_record, encode_record
 from .._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from .._model.identity import Identity, IdentityLike, coerce_identity, identity_digest
-from .._model.records import STATUSES, Record, decode_record, encode_record
+from .._model.records import STATUSES, Record
 from .owners import ProcessOwners
 from .seam import Step, StepFunction, Tally
 from .threads import Trips

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from ..._model.errors import ConflictError, JournalError
+from ..._model.conflicts import ConflictError
+from ..._model.errors import JournalError
 from .protocol import Send, logger
 
 __all__ = ["Answer", "internal_error", "refusal", "send_problem", "unavailable"]

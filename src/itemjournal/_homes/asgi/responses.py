@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from ..._journal.journal import Attempt
+from ..._journal.claim import Attempt
 from ..._model.records import MAX_RESULT_BYTES
 from .problems import send_problem
 from .protocol import Message, Send

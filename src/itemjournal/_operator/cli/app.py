@@ -94,13 +94,15 @@ except ModuleNotFoundError as missing:  # this module is the command: say what t
     raise SystemExit(1) from None
 
 from ..._journal.journal import Journal
-from ..._model.errors import ConflictError, InvalidArgument, JournalError
+from ..._journal.reconcile import reconcile
+from ..._model.conflicts import ConflictError
+from ..._model.errors import InvalidArgument, JournalError
 from ..._model.identity import Identity, check_label, identity_digest
 from ..._model.records import STATUSES, Event, note_problem, receipt_problem
+from ..._model.verdicts import DidNotHappen, Happened, ReconcileReport, Unknown, Verdict
 from ..._model.view import PruneReport, RecordView, SweepReport
 from ..._stores.files.layout import SETTINGS_NAME
 from ..._stores.registry import redact
-from ..reconcile import DidNotHappen, Happened, ReconcileReport, Unknown, Verdict, reconcile
 
 __all__ = ["cli", "main"]
 

@@ -19,9 +19,10 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
+from ..._model.codec import decode_record, encode_record
 from ..._model.errors import StorageFailed
 from ..._model.identity import Identity
-from ..._model.records import MAX_RECORD_BYTES, decode_record, encode_record
+from ..._model.records import MAX_RECORD_BYTES
 from ..fileio import FileSystem
 from ..seam import Step, StepFunction
 from .layout import TEMP_FLAGS, fail, quietly, read_document

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
+from ..._model.codec import decode_record
 from ..._model.errors import RecordInvalid, StorageFailed
 from ..._model.identity import Identity, identity_digest
-from ..._model.records import Record, decode_record
+from ..._model.records import Record
 from ..kernelclock import kernel_time
 from .layout import FANOUT, RECORD_NAME, fail, open_fanout_for_reading, read_document
 

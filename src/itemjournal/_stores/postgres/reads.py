@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from ..._model.codec import decode_row
 from ..._model.errors import RecordInvalid, StorageFailed
 from ..._model.identity import Identity, identity_digest
-from ..._model.records import STATUSES, Record, decode_row
+from ..._model.records import STATUSES, Record
 from .connections import Connections, StepConnection
 from .failures import failure
 from .statements import Statements, column_bytes

@@ -29,9 +29,10 @@ import anyio.to_thread
 import psycopg
 import psycopg_pool
 
+from ..._model.codec import encode_record
 from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from ..._model.identity import Identity, identity_digest
-from ..._model.records import STATUSES, Owner, Record, encode_record
+from ..._model.records import STATUSES, Owner, Record
 from ..owners import current_owner, gone_reason, owner_alive
 from ..seam import Step, StepFunction, Tally
 from ..threads import Trips

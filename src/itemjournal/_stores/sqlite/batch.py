@@ -16,8 +16,9 @@ import contextlib
 import sqlite3
 from typing import Any
 
+from ..._model.codec import encode_record
 from ..._model.errors import StorageFailed
-from ..._model.records import Record, encode_record
+from ..._model.records import Record
 from ..kernelclock import kernel_time
 from ..seam import Step
 from .connection import _TRANSACTION_ERRORS, _busy, _failure, _primary_code

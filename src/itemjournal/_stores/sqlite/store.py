@@ -29,9 +29,10 @@ from typing import TypeVar
 import anyio
 import anyio.lowlevel
 
+from ..._model.codec import decode_row
 from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from ..._model.identity import Identity, identity_digest
-from ..._model.records import Record, decode_row
+from ..._model.records import Record
 from ..kernelclock import kernel_time
 from ..owners import ProcessOwners
 from ..seam import StepFunction, Tally

@@ -4,6 +4,10 @@ Every claim hands the provider a stable idempotency key (``Claim.key``, the same
 ``RecordView.key``). A check asks the provider what happened to that key and answers with
 a verdict; ``reconcile`` turns each verdict into an ordinary, audited ``resolve`` of the
 very record the check looked at, and leaves everything else to a person.
+
+The engine stands on the journal through the two operations it uses (``Reconcilable``),
+never on ``Journal`` itself: ``Journal.reconcile`` calls it, and the operator's command
+calls it with a progress bar, so it lives in the journal's layer below both.
 """
 
 from __future__ import annotations
@@ -11,173 +15,60 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
 from types import MappingProxyType
-from typing import TYPE_CHECKING, TypeAlias
+from typing import Protocol, runtime_checkable
 
 import anyio
 import anyio.to_thread
 
-from .._homes.once import _is_async
-from .._journal.journal import _check_result
-from .._model.errors import (
-    ConflictError,
-    InvalidArgument,
-    JournalError,
-    RecordInvalid,
-    StorageFailed,
+from .._model.conflicts import ConflictError
+from .._model.errors import InvalidArgument, JournalError, RecordInvalid, StorageFailed
+from .._model.identity import Identity, check_label
+from .._model.records import MAX_NOTE_CHARS
+from .._model.verdicts import (
+    VERDICTS,
+    Check,
+    DidNotHappen,
+    Happened,
+    ReconcileReport,
+    Unknown,
+    Verdict,
 )
-from .._model.identity import check_label
-from .._model.records import MAX_NOTE_CHARS, receipt_problem
 from .._model.view import RecordView
+from .arguments import is_async
+from .observe import Observer, Span
 
-if TYPE_CHECKING:
-    from .._journal.journal import Journal
+__all__ = ["Reconcilable", "reconcile", "reconcile_observed", "resolution_note"]
 
-__all__ = [
-    "Check",
-    "DidNotHappen",
-    "Happened",
-    "ReconcileReport",
-    "Unknown",
-    "Verdict",
-    "reconcile",
-]
+
+@runtime_checkable
+class Reconcilable(Protocol):
+    """What reconciliation needs of a journal: its listing, and a resolve of the very
+    record a view shows (``NOT_IN_REVIEW`` when it changed since)."""
+
+    def records(
+        self,
+        status: str | None = None,
+        *,
+        scope: str | None = None,
+        program: str | None = None,
+        job: str | None = None,
+        after: str | None = None,
+    ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]: ...
+
+    async def _resolve(
+        self,
+        ident: Identity,
+        receipt: str | None,
+        note: str,
+        result: str | None,
+        expect: RecordView | None = None,
+    ) -> RecordView: ...
+
 
 _NAME_CHARS = 100  # how much of the check's name a resolution note carries
 _TEXT_CHARS = 1000  # how much of an exception's message the report keeps
-
-
-def _text_problem(value: object, what: str) -> str | None:
-    """Why ``value`` is not a usable verdict text (a non-blank, valid Unicode str).
-
-    Its length is not limited: a resolution note carries as much of it as fits.
-    """
-    if not isinstance(value, str):
-        return f"{what} is a str, not {type(value).__name__}"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"{what} must be valid Unicode (no lone surrogates)"
-    if not value.strip():
-        return f"{what} must not be blank"
-    return None
-
-
-def _refuse(problem: str | None, code: str = "INVALID_ARGUMENT") -> None:
-    if problem is not None:
-        raise InvalidArgument(problem, code=code)
-
-
-@dataclass(frozen=True, slots=True)
-class Happened:
-    """The provider shows the effect happened: the record is resolved ``succeeded``.
-
-    ``receipt`` follows the rules of ``complete`` (a str, not blank, at most 200
-    characters; else ``INVALID_RECEIPT``), as does ``result`` (stored for replay). ``note``
-    (optional) goes into the resolution note, after the words naming the reconciliation.
-    """
-
-    receipt: str
-    result: str | None = None
-    note: str | None = None
-
-    def __post_init__(self) -> None:
-        _refuse(receipt_problem(self.receipt), "INVALID_RECEIPT")
-        _check_result(self.result)
-        if self.note is not None:
-            _refuse(_text_problem(self.note, "a verdict's note"))
-
-
-@dataclass(frozen=True, slots=True)
-class DidNotHappen:
-    """The provider shows the effect did not happen: the record is resolved ``released``,
-    so the identity may be claimed again.
-
-    ``evidence`` is required and not blank: what the provider showed (it goes into the
-    resolution note). Safe only with a provider that honours ``Claim.key`` as its
-    idempotency key: should the effect land late after all, the retry's charge under the
-    same key is answered with the first one, never made twice.
-    """
-
-    evidence: str
-
-    def __post_init__(self) -> None:
-        _refuse(_text_problem(self.evidence, "the evidence that it did not happen"))
-
-
-@dataclass(frozen=True, slots=True)
-class Unknown:
-    """The provider cannot tell (yet): the record is left ``needs_review`` for a person."""
-
-    reason: str
-
-    def __post_init__(self) -> None:
-        _refuse(_text_problem(self.reason, "the reason it is unknown"))
-
-
-Verdict: TypeAlias = Happened | DidNotHappen | Unknown
-Check: TypeAlias = Callable[[RecordView], "Awaitable[Verdict] | Verdict"]
-_VERDICTS = (Happened, DidNotHappen, Unknown)
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileReport:
-    """What ``reconcile`` did (or, with ``dry_run``, would do), each tuple in key order.
-
-    - ``happened``: the check answered ``Happened``; the record as resolved
-      (``succeeded``), or with ``dry_run`` as the check saw it.
-    - ``did_not_happen``: the check answered ``DidNotHappen``; the record as resolved
-      (``released``), or with ``dry_run`` as the check saw it.
-    - ``unknown``: the check answered ``Unknown``; left as it was.
-    - ``left``: the check gave a verdict, but the record changed meanwhile (resolved by
-      someone else, another attempt...): left as it is, shown as it is now.
-    - ``failed``: the check raised (the text names the exception's type and message) or
-      returned something that is not a verdict, or the resolution could not be written;
-      each as ``(view, text)``. The record is left as it was.
-    - ``problems``: what the listing met that it could not read (``RecordInvalid``,
-      ``StorageFailed``); those records were not checked.
-    - ``verdicts``: every verdict a check gave, by record key (``view.key``).
-    """
-
-    happened: tuple[RecordView, ...] = ()
-    did_not_happen: tuple[RecordView, ...] = ()
-    unknown: tuple[RecordView, ...] = ()
-    left: tuple[RecordView, ...] = ()
-    failed: tuple[tuple[RecordView, str], ...] = ()
-    problems: tuple[JournalError, ...] = ()
-    dry_run: bool = False
-    verdicts: Mapping[str, Verdict] = field(
-        default_factory=lambda: MappingProxyType({}), compare=False, hash=False
-    )
-
-    @property
-    def checked(self) -> int:
-        """How many records the check was called for."""
-        return (
-            len(self.happened)
-            + len(self.did_not_happen)
-            + len(self.unknown)
-            + len(self.left)
-            + len(self.failed)
-        )
-
-    @property
-    def ok(self) -> bool:
-        """True when no check failed and every record could be read."""
-        return not self.failed and not self.problems
-
-    def counts(self) -> dict[str, int]:
-        """``{"happened", "did_not_happen", "unknown", "left", "failed", "problems"}``."""
-        return {
-            "happened": len(self.happened),
-            "did_not_happen": len(self.did_not_happen),
-            "unknown": len(self.unknown),
-            "left": len(self.left),
-            "failed": len(self.failed),
-            "problems": len(self.problems),
-        }
 
 
 def _fit(text: str) -> str:
@@ -221,7 +112,7 @@ def _failure_text(error: BaseException) -> str:
 
 
 async def reconcile(
-    journal: Journal,
+    journal: Reconcilable,
     check: Check,
     *,
     status: str = "needs_review",
@@ -260,9 +151,7 @@ async def reconcile(
     ``progress`` (not part of ``Journal.reconcile``; the command's progress bar) is called
     on the event loop once per record, when it has been settled or left.
     """
-    from .._journal.journal import Journal
-
-    if not isinstance(journal, Journal):
+    if not isinstance(journal, Reconcilable):
         raise InvalidArgument(
             f"reconcile() takes a Journal, not {type(journal).__name__}",
             code="INVALID_ARGUMENT",
@@ -297,7 +186,7 @@ async def reconcile(
             check_label(value, what)
 
     name = _check_name(check)
-    asynchronous = _is_async(check)
+    asynchronous = is_async(check)
     happened: list[RecordView] = []
     did_not_happen: list[RecordView] = []
     unknown: list[RecordView] = []
@@ -324,7 +213,7 @@ async def reconcile(
             except Exception as error:
                 failed.append((view, _failure_text(error)))
                 return
-            if not isinstance(verdict, _VERDICTS):
+            if not isinstance(verdict, VERDICTS):
                 failed.append(
                     (
                         view,
@@ -389,3 +278,44 @@ async def reconcile(
         dry_run=dry_run,
         verdicts=MappingProxyType(dict(sorted(verdicts.items()))),
     )
+
+
+async def reconcile_observed(
+    journal: Reconcilable,
+    span: Span,
+    observer: Observer,
+    check: Check,
+    *,
+    status: str,
+    scope: str | None,
+    program: str | None,
+    job: str | None,
+    limit: int,
+    dry_run: bool,
+) -> ReconcileReport:
+    """``reconcile``, inside the span ``Journal.reconcile`` opened, with the summary the
+    journal logs of it."""
+    with span:
+        report = await reconcile(
+            journal,
+            check,
+            status=status,
+            scope=scope,
+            program=program,
+            job=job,
+            limit=limit,
+            dry_run=dry_run,
+        )
+        counts = report.counts()
+        span.set("outcome", "reconciled")
+        span.set("dry_run", dry_run)
+        for name, count in counts.items():
+            span.set(name, count)
+    observer.summary(
+        "reconcile",
+        f"reconcile{' (dry run)' if dry_run else ''}: "
+        + ", ".join(f"{count} {name}" for name, count in counts.items()),
+        dry_run=dry_run,
+        **counts,
+    )
+    return report
