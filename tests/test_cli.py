@@ -1280,7 +1280,7 @@ def test_progress_meter_in_process(loc: str, monkeypatch: pytest.MonkeyPatch) ->
 
     from rich.console import Console
 
-    from itemjournal._operator.cli import app as _cli
+    from itemjournal._operator.cli import progress as _cli
 
     screen = io.StringIO()
     monkeypatch.setattr(
@@ -1362,7 +1362,7 @@ def test_an_oversized_key_or_receipt_file(loc: str, tmp_path: Path) -> None:
     big_key = tmp_path / "big.key"
     big_key.write_bytes(b"k" * 5000)
     one_error(invoke("-L", loc, "--input-key-file", str(big_key), "list"), "INVALID_KEY_FILE")
-    from itemjournal._operator.cli import app as _cli
+    from itemjournal._operator.cli import receipts as _cli
 
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(_cli, "_MAX_RECEIPT_FILE_BYTES", 10)
@@ -1415,7 +1415,7 @@ def test_python_dash_m_runs_the_command(
 def test_interrupts_and_other_click_errors_are_one_line(
     loc: str, monkeypatch: pytest.MonkeyPatch, raised: BaseException, code: str, exit_code: int
 ) -> None:
-    from itemjournal._operator.cli import app as _cli
+    from itemjournal._operator.cli import records as _cli
 
     def fail(*args: object) -> None:
         raise raised
@@ -1429,7 +1429,7 @@ def test_interrupts_and_other_click_errors_are_one_line(
 
 
 def test_a_closed_stdout_in_process(loc: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from itemjournal._operator.cli import app as _cli
+    from itemjournal._operator.cli import records as _cli
 
     def closed(lines: object) -> None:
         raise BrokenPipeError(32, "Broken pipe")

@@ -463,7 +463,7 @@ def test_a_progress_bar_on_a_terminal_but_not_for_json(
 ) -> None:
     from rich.console import Console
 
-    from itemjournal._operator.cli import app as _cli
+    from itemjournal._operator.cli import progress as _cli
 
     screen = io.StringIO()
     monkeypatch.setattr(

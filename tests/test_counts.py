@@ -26,7 +26,7 @@ from itemjournal import (
 from itemjournal._model.codec import encode_record
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import Record
-from itemjournal._operator.viewer import app as viewer_module
+from itemjournal._operator.viewer import pages as viewer_module
 from itemjournal._operator.viewer.app import create_app
 from itemjournal._stores.files.store import FileStore
 from itemjournal._stores.memory import MemoryStore

@@ -527,6 +527,8 @@ async def test_links_keep_the_prefix_of_a_mounted_viewer(shared_location: str) -
 
 
 def test_times_are_shown_to_the_second() -> None:
+    from itemjournal._operator.viewer import templates as viewer
+
     assert viewer._when("2026-11-30T18:25:24.513409+00:00") == "2026-11-30 18:25:24"
     assert viewer._when(None) == "—"
 
@@ -1003,7 +1005,7 @@ def test_a_real_uvicorn_process_serves_the_viewer(tmp_path: Path) -> None:
 
 
 def test_templates_and_stylesheet_are_package_data() -> None:
-    folder = Path(viewer.__file__).parent / "_viewer_templates"
+    folder = Path(itemjournal.__file__).parent / "_viewer_templates"
     names = {path.name for path in folder.iterdir()}
     assert {
         "base.html",
