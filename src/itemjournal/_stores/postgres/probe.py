@@ -96,9 +96,22 @@ def _probe(conninfo: str, where: str, lock_timeout: float, *, check: bool) -> st
                     return "transaction"
     except StorageFailed:
         raise
+    except psycopg.errors.QueryCanceled as error:
+        # Any statement of the probe may be the one a very short timeout cancels.
+        raise _cancelled(where, error) from error
     except psycopg.Error as error:
         raise failure(f"cannot open the journal in {where}", error) from error
     return "session" if pooled else "direct"
+
+
+def _cancelled(where: str, error: psycopg.Error) -> StorageFailed:
+    return failure(
+        f"cannot open the journal in {where}: the server cancelled its statement "
+        "(statement_timeout is too short for the journal; set it to 0 or "
+        f"at least {_SHORTEST_STATEMENT_TIMEOUT_MS} ms for the journal's role or "
+        "database, or pass options=-c%20statement_timeout%3D0 in the URL)",
+        error,
+    )
 
 
 def _server_pid(connection: psycopg.Connection[Any]) -> int:
@@ -118,13 +131,7 @@ def _check_server(connection: psycopg.Connection[Any], where: str) -> None:
             "(SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout')"
         ).fetchone()
     except psycopg.errors.QueryCanceled as error:
-        raise failure(
-            f"cannot open the journal in {where}: the server cancelled its first "
-            "statement (statement_timeout is too short for the journal; set it to 0 or "
-            f"at least {_SHORTEST_STATEMENT_TIMEOUT_MS} ms for the journal's role or "
-            "database, or pass options=-c%20statement_timeout%3D0 in the URL)",
-            error,
-        ) from error
+        raise _cancelled(where, error) from error
     assert row is not None
     read_only, standby, shown, milliseconds = row
     if standby:
