@@ -67,6 +67,26 @@ async def write_with_clock(offset: str, location: str) -> str:
     return done.stdout.strip()
 
 
+async def prune_60_days_ahead(location: str) -> subprocess.CompletedProcess[str]:
+    """``itemjournal prune --older-than 30d --json`` run with a clock 60 days ahead."""
+    pruned = await anyio.to_thread.run_sync(
+        lambda: skewed(
+            "+60d",
+            sys.executable,
+            "-m",
+            "itemjournal",
+            "-L",
+            location,
+            "prune",
+            "--older-than",
+            "30d",
+            "--json",
+        )
+    )
+    assert pruned.returncode == 0, pruned.stderr
+    return pruned
+
+
 async def assert_reused(location: str) -> None:
     async with await Journal.open(location) as journal:
         again = await journal.begin(FRESH, {}, DEFINITION)
@@ -90,21 +110,7 @@ async def test_a_pruner_whose_clock_runs_60_days_ahead_prunes_nothing_fresh(
     location: str,
 ) -> None:
     await write_with_clock("+0", location)
-    pruned = await anyio.to_thread.run_sync(
-        lambda: skewed(
-            "+60d",
-            sys.executable,
-            "-m",
-            "itemjournal",
-            "-L",
-            location,
-            "prune",
-            "--older-than",
-            "30d",
-            "--json",
-        )
-    )
-    assert pruned.returncode == 0, pruned.stderr
+    pruned = await prune_60_days_ahead(location)
     report = json.loads(pruned.stdout)
     assert report["removed"] == []
     assert [view["identity"] for view in report["kept"]] == [list(FRESH)]
@@ -130,21 +136,7 @@ async def test_a_record_from_a_clock_ahead_of_the_pruner_is_kept_and_reported(
 async def test_what_every_clock_calls_old_is_pruned(location: str) -> None:
     """The rule keeps only what some clock calls young: a record old by all is removed."""
     await write_with_clock("+0", location)
-    pruned = await anyio.to_thread.run_sync(
-        lambda: skewed(
-            "+60d",
-            sys.executable,
-            "-m",
-            "itemjournal",
-            "-L",
-            location,
-            "prune",
-            "--older-than",
-            "30d",
-            "--json",
-        )
-    )
-    assert pruned.returncode == 0, pruned.stderr
+    pruned = await prune_60_days_ahead(location)
     assert json.loads(pruned.stdout)["removed"] == []
     async with await Journal.open(location) as journal:
         report = await journal.prune(timedelta(microseconds=1))
