@@ -36,9 +36,3 @@ def test_public_names_of_the_contract() -> None:
     ):
         assert name in itemjournal.__all__
     assert itemjournal.Identity._fields == ("scope", "program", "job", "item")
-
-
-def test_identity_digest_is_the_key_a_claim_carries() -> None:
-    assert "identity_digest" in itemjournal.__all__
-    digest = itemjournal.identity_digest(itemjournal.Identity("s", "p", "j", "i"))
-    assert len(digest) == 64 and int(digest, 16) >= 0

@@ -58,3 +58,11 @@ def test_stored_record_is_the_document_a_store_files() -> None:
     assert document["claim_id"] == planted.claim_id
     assert document["definition_hash"] == SEED_DEFINITION
     assert json.loads(stored_record(identity, "started").document)["status"] == "started"
+
+
+def test_identity_digest_is_public_and_the_key_a_claim_carries() -> None:
+    import itemjournal
+
+    assert "identity_digest" in itemjournal.__all__
+    digest = identity_digest(Identity("s", "p", "j", "i"))
+    assert len(digest) == 64 and int(digest, 16) >= 0

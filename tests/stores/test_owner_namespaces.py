@@ -22,7 +22,7 @@ import pytest
 
 from itemjournal._stores.owners import GONE_NAMESPACE, GONE_PROCESS
 
-SCRIPT = str(Path(__file__).with_name("_ns_owner.py"))
+SCRIPT = str(Path(__file__).parents[1] / "_ns_owner.py")
 HOLD = 2.5  # seconds the owner holds its first claim while the judge looks
 
 pytestmark = pytest.mark.slow

@@ -41,7 +41,7 @@ pytestmark = pytest.mark.anyio
 
 DEFINITION = definition_digest("sqlite-hardening-v1")
 INPUTS = {"n": "1"}
-WORKER = str(Path(__file__).with_name("_mp_worker.py"))
+WORKER = str(Path(__file__).parents[2] / "_mp_worker.py")
 MP_DEFINITION = definition_digest("mp-v1")  # what the worker process begins with
 
 

@@ -28,7 +28,7 @@ from itemjournal._stores.files.locks import try_lock_record
 
 pytestmark = pytest.mark.anyio
 
-WORKER = str(Path(__file__).with_name("_mp_worker.py"))
+WORKER = str(Path(__file__).parents[1] / "_mp_worker.py")
 DEFINITION = definition_digest("mp-v1")
 INPUTS = {"n": "1"}
 

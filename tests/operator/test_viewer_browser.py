@@ -34,7 +34,7 @@ CHROMIUM_ARGS = [
 ]
 RECORDS = 320
 PAGE = 50
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 DEFINITION = itemjournal.definition_digest("charge-v3")
 SERVER_START = 30.0  # seconds
 STEP_TIMEOUT = 15_000  # milliseconds, for each browser action

@@ -75,7 +75,7 @@ _HOLDER = textwrap.dedent(
 class Holder:
     def __init__(self, location: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, location, str(Path(__file__).parent)],
+            [sys.executable, "-c", _HOLDER, location, str(Path(__file__).parents[1])],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
