@@ -240,7 +240,5 @@ async def test_other_inputs_are_input_changed_whatever_is_compatible(journal: Jo
 
 async def test_a_reuse_under_a_compatible_definition_may_wait(journal: Journal) -> None:
     await settled(journal, "succeeded", "billing-v3")
-    outcome = await journal.begin(
-        ITEM, INPUTS, "billing-v4", wait=1.0, compatible=("billing-v3",)
-    )
+    outcome = await journal.begin(ITEM, INPUTS, "billing-v4", wait=1.0, compatible=("billing-v3",))
     assert isinstance(outcome, Reuse)

@@ -613,9 +613,7 @@ SAME_INPUTS = "a" * 64  # what ``started_record`` is made from
 
 
 def record_in(status: str, definition_hash: str = V3) -> Any:
-    record = dataclasses.replace(
-        started_record(IDENTITIES[0]), definition_hash=definition_hash
-    )
+    record = dataclasses.replace(started_record(IDENTITIES[0]), definition_hash=definition_hash)
     if status == "succeeded":
         return record.advance("complete", "succeeded", NOW, receipt="ch_3", result="{}")
     if status == "needs_review":
