@@ -11,7 +11,7 @@ journal can make them without either module importing the other.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Literal, Protocol
 
@@ -110,7 +110,7 @@ class ClaimContext:
         *,
         runner: Runner,
         wait: float | None = None,
-        compatible: tuple[DefinitionLike, ...] = (),
+        compatible: Sequence[DefinitionLike] = (),
     ) -> None:
         self._journal = journal
         self._runner = runner

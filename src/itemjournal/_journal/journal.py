@@ -170,12 +170,9 @@ class Journal:
     ) -> Claim | Reuse:
         """Durably record intent, then grant a ``Claim``; or ``Reuse`` a succeeded record.
 
-        ``definition`` names the code that performs the effect: a 64-character lowercase
-        hex digest (used as is), a version string such as ``"billing-v3"``, or a callable
-        (its source, read in a worker thread); see ``definition_digest``. ``compatible``
-        names earlier definitions, in the same forms, that this code is compatible with: a
-        ``succeeded`` record made under one of them is reused. Records in any other status
-        made under another definition are ``DEFINITION_CHANGED`` whatever it says.
+        ``definition``: a digest, a version string or a callable (``definition_digest``).
+        ``compatible``: earlier definitions, same forms; a ``succeeded`` record made under
+        one of them is reused, any other record of another one is ``DEFINITION_CHANGED``.
 
         A ``started`` record whose owner lives (or cannot be known) is ``IN_PROGRESS``;
         with ``wait=seconds`` the call waits for it to leave ``started`` and then answers
@@ -212,11 +209,7 @@ class Journal:
             return outcome
 
     async def _begin(
-        self,
-        ident: Identity,
-        input_hash: str,
-        definition_hash: str,
-        compatible: frozenset[str] = frozenset(),
+        self, ident: Identity, input_hash: str, definition_hash: str, compatible: frozenset[str]
     ) -> Claim | Reuse:
         steps = BeginSteps(
             ident,
@@ -326,17 +319,10 @@ class Journal:
         cancellation) and lets the exception go on; leaving it normally without
         ``complete``/``mark_review`` marks it too and raises ``UnresolvedClaim``.
         """
-        # Checked now, as begin will check them; an iterator of definitions is read once.
-        definition, *earlier = check_definitions(definition, compatible)
+        definition, *earlier = check_definitions(definition, compatible)  # read once, now
         check_wait(wait)
         return ClaimContext(
-            self,
-            identity,
-            inputs,
-            definition,
-            runner=self._runner,
-            wait=wait,
-            compatible=tuple(earlier),
+            self, identity, inputs, definition, runner=self._runner, wait=wait, compatible=earlier
         )
 
     # ------------------------------------------------------------------ the whole journal
