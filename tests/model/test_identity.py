@@ -175,3 +175,47 @@ def test_require_hash(value: object) -> None:
     with pytest.raises(InvalidArgument) as caught:
         require_hash(value)
     assert caught.value.code == "INVALID_HASH"
+
+
+# Written by the releases before definitions were one language: records made under these
+# digests must keep matching, so they are pinned here as they were computed then.
+PINNED_VERSION_DIGESTS = {
+    "charge-v1": "95fe80f56aac73e18fd08fb86456a75c65b23827de679ab214bf08ef3373dea1",
+    "billing-v3": hashlib.sha256(b"version\0billing-v3").hexdigest(),
+    "itemjournal.asgi.IdempotencyMiddleware/1": hashlib.sha256(
+        b"version\0itemjournal.asgi.IdempotencyMiddleware/1"
+    ).hexdigest(),
+}
+
+
+@pytest.mark.parametrize(("version", "digest"), sorted(PINNED_VERSION_DIGESTS.items()))
+def test_a_version_keeps_the_digest_it_always_had(version: str, digest: str) -> None:
+    assert definition_digest(version) == digest
+
+
+def test_a_digest_stands_for_itself() -> None:
+    digest = definition_digest("charge-v1")
+    assert definition_digest(digest) == digest
+    assert definition_digest(definition_digest(charge)) == definition_digest(charge)
+    assert definition_digest("0" * 64) == "0" * 64
+
+
+@pytest.mark.parametrize(
+    "value", ["A" * 64, "AB" * 32, definition_digest("charge-v1").upper(), "Ab" * 32]
+)
+def test_a_digest_that_is_not_lowercase_is_refused(value: str) -> None:
+    with pytest.raises(InvalidArgument, match="lowercase") as caught:
+        definition_digest(value)
+    assert caught.value.code == "INVALID_HASH"
+
+
+@pytest.mark.parametrize("value", ["a" * 63, "a" * 65, " " + "a" * 64, "g" * 64])
+def test_a_string_that_is_not_exactly_a_digest_is_a_version(value: str) -> None:
+    assert definition_digest(value) == hashlib.sha256(f"version\0{value}".encode()).hexdigest()
+
+
+@pytest.mark.parametrize("value", [None, 3, b"billing-v3", object(), ("billing-v3",)])
+def test_a_definition_is_a_string_or_a_callable(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="callable") as caught:
+        definition_digest(value)  # type: ignore[arg-type]
+    assert caught.value.code == "INVALID_HASH"

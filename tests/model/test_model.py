@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+from _builders import NOW, started_record
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -48,6 +50,7 @@ from itemjournal import (
     definition_digest,
     input_digest,
 )
+from itemjournal._model import machine
 from itemjournal._model.codec import clear_decode_cache
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import HISTORY_LIMIT
@@ -597,3 +600,87 @@ def test_journal_matches_the_model(anyio_backend: str) -> None:
     assert COUNTS["examples"] >= MAX_EXAMPLES
     assert COUNTS["steps"] >= MAX_EXAMPLES * 5
     assert [row for row in ROWS if not SEEN[row]] == []
+
+
+# ---------------------------------------------------------------------- compatible definitions
+#
+# The begin decision of the state machine itself, given the set of earlier definitions a
+# call declares compatible: only a succeeded record made under one of them is reused.
+
+V3 = definition_digest("billing-v3")
+V4 = definition_digest("billing-v4")
+SAME_INPUTS = "a" * 64  # what ``started_record`` is made from
+
+
+def record_in(status: str, definition_hash: str = V3) -> Any:
+    record = dataclasses.replace(started_record(IDENTITIES[0]), definition_hash=definition_hash)
+    if status == "succeeded":
+        return record.advance("complete", "succeeded", NOW, receipt="ch_3", result="{}")
+    if status == "needs_review":
+        return record.advance("mark_review", "needs_review", NOW, "t", review_reason="t")
+    if status == "released":
+        reviewed = record.advance("mark_review", "needs_review", NOW, "t", review_reason="t")
+        return reviewed.advance("resolve", "released", NOW, "no charge")
+    return record
+
+
+def begin_v4(current: Any, compatible: frozenset[str], input_hash: str = SAME_INPUTS) -> Any:
+    return machine.begin(
+        current,
+        identity=IDENTITIES[0],
+        input_kind="sha256",
+        input_hash=input_hash,
+        definition_hash=V4,
+        compatible=compatible,
+        claim_id="c" * 32,
+        owner=current.owner,
+        now=NOW,
+    )
+
+
+def refusal_code(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except ConflictError as refusal:
+        return refusal.code
+    raise AssertionError("the call was not refused")
+
+
+def test_model_reuses_a_succeeded_record_of_a_compatible_definition() -> None:
+    assert begin_v4(record_in("succeeded"), frozenset({V3})) is None
+    assert begin_v4(record_in("succeeded"), frozenset({V3, definition_digest("x")})) is None
+
+
+def test_model_refuses_a_succeeded_record_of_a_definition_not_declared_compatible() -> None:
+    made_by_v2 = record_in("succeeded", definition_digest("billing-v2"))
+    assert refusal_code(lambda: begin_v4(made_by_v2, frozenset({V3}))) == "DEFINITION_CHANGED"
+    assert refusal_code(lambda: begin_v4(made_by_v2, frozenset())) == "DEFINITION_CHANGED"
+
+
+def test_model_names_compatible_in_the_refusal_of_a_succeeded_record() -> None:
+    with pytest.raises(ConflictError) as caught:
+        begin_v4(record_in("succeeded"), frozenset())
+    assert caught.value.code == "DEFINITION_CHANGED"
+    assert "compatible=" in caught.value.message
+    assert V3 in caught.value.message  # the definition that made it, to compare with
+
+
+@pytest.mark.parametrize("status", ["started", "needs_review"])
+def test_model_compatible_never_touches_unfinished_records(status: str) -> None:
+    current = record_in(status)
+    assert refusal_code(lambda: begin_v4(current, frozenset({V3}))) == "DEFINITION_CHANGED"
+    with pytest.raises(ConflictError) as caught:
+        begin_v4(current, frozenset({V3}))
+    assert "compatible=" not in caught.value.message  # it would not help there
+
+
+def test_model_a_released_record_is_claimed_afresh_under_the_new_definition() -> None:
+    fresh = begin_v4(record_in("released"), frozenset({V3}))
+    assert fresh is not None
+    assert (fresh.status, fresh.definition_hash, fresh.attempt) == ("started", V4, 2)
+
+
+def test_model_other_inputs_are_refused_before_compatibility_is_asked() -> None:
+    other = "b" * 64
+    refused = refusal_code(lambda: begin_v4(record_in("succeeded"), frozenset({V3}), other))
+    assert refused == "INPUT_CHANGED"

@@ -13,7 +13,9 @@ import anyio
 import anyio.lowlevel
 
 from itemjournal import (
+    Claim,
     ConflictError,
+    EachReport,
     Identity,
     Journal,
     JournalStatistics,
@@ -21,6 +23,7 @@ from itemjournal import (
     Reuse,
     definition_digest,
     once,
+    run_each,
 )
 from itemjournal.otel import instrument, uninstrument
 
@@ -147,3 +150,42 @@ async def observed(location: str) -> None:
     assert_type(statistics.in_flight, int)
     statistics.refusals = 0  # type: ignore[misc]
     uninstrument(journal)
+
+
+async def charge_v2(order: Order) -> str:
+    return f"ch_{order.id}"
+
+
+async def after_a_deploy(journal: Journal, order: Order) -> None:
+    identity = ("shop", "billing", "charge", order.id)
+    inputs = {"amount_cents": order.amount_cents}
+    # Every form of a definition, everywhere one is taken: a digest, a version, a callable.
+    earlier = ("billing-v3", definition_digest("billing-v2"), charge_v2)
+    outcome = await journal.begin(identity, inputs, "billing-v4", compatible=earlier)
+    assert_type(outcome, Claim | Reuse)
+    await journal.begin(identity, inputs, charge_v2, compatible=["billing-v1"], wait=1.0)
+    await journal.begin(identity, inputs, "billing-v4", compatible=(3,))  # type: ignore[arg-type]
+    await journal.begin(identity, inputs, 4)  # type: ignore[arg-type]
+    async with journal.claim(identity, inputs, "billing-v4", compatible=earlier) as attempt:
+        if attempt.reused:
+            assert attempt.receipt is not None
+
+    @once(journal, identity=identity, definition=charge_v2, compatible=("billing-v3",))
+    async def charge() -> str:
+        return "ch_1"
+
+    assert_type(await charge(), str)
+
+    async def refund(item: Order, claim: Claim) -> str:
+        return f"re_{item.id}"
+
+    report = await run_each(
+        journal,
+        [order],
+        refund,
+        identity=lambda item: ("shop", "billing", "refund", item.id),
+        definition="refund-v2",
+        compatible=frozenset({"refund-v1"}),
+        limit=4,
+    )
+    assert_type(report, EachReport[Order])

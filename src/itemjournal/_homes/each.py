@@ -3,19 +3,17 @@ item's failure marks only that item for review and never cancels its siblings.""
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeAlias, TypeVar
 
 import anyio
-import anyio.to_thread
 
-from .._journal.arguments import check_wait, is_async
+from .._journal.arguments import check_definitions, check_wait, definition_hashes, is_async
 from .._journal.journal import Journal
 from .._model.conflicts import ConflictError
 from .._model.errors import InvalidArgument, JournalError
-from .._model.identity import Identity, IdentityLike, InputValue, coerce_identity, definition_digest
+from .._model.identity import DefinitionLike, Identity, IdentityLike, InputValue, coerce_identity
 from .._model.view import Claim, RecordView
 from .once import _AS_STORED, _name, _unpack
 
@@ -24,9 +22,6 @@ __all__ = ["EachDone", "EachFailure", "EachReport", "run_each"]
 T = TypeVar("T")
 
 Inputs: TypeAlias = "Mapping[str, InputValue]"
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-_DIGEST_ANY_CASE = re.compile(r"[0-9a-fA-F]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +111,10 @@ async def run_each(
     *,
     identity: Callable[[T], IdentityLike],
     inputs: Callable[[T], Inputs] | Inputs | None = None,
-    definition: str | None = None,
+    definition: DefinitionLike | None = None,
     limit: int,
     wait: float | None = None,
+    compatible: Iterable[DefinitionLike] = (),
 ) -> EachReport[T]:
     """Run ``fn`` once per item, at most ``limit`` items at a time, each in its own claim.
 
@@ -144,9 +140,12 @@ async def run_each(
     receipt is then stored. An item that succeeded before is reused without calling
     ``fn``.
 
-    ``definition``: a 64-character lowercase hex string is the definition digest itself;
-    any other string is a version (``definition_digest(version)``). Omitted: the digest
-    of ``fn``'s source, read once in a worker thread before any item starts.
+    ``definition``: what ``begin`` takes, with the same meaning: a 64-character
+    lowercase hex string is the definition digest itself, any other string a version
+    (``definition_digest(version)``), a callable its source. Omitted: the digest of
+    ``fn``'s source. Sources are read once, in a worker thread, before any item starts.
+    ``compatible``: earlier definitions (same forms) ``fn`` is compatible with, passed to
+    each claim: an item that succeeded under one of them is reused.
 
     One item's exception never cancels another item: it is caught for that item only
     (the claim block has marked its record ``needs_review``, the reason naming the
@@ -194,7 +193,8 @@ async def run_each(
     inputs_of = _inputs_function(inputs)
     wait = check_wait(wait)
     source = _source(items)
-    digest = await _definition(definition, fn)
+    forms = check_definitions(fn if definition is None else definition, compatible)
+    digest, accepted = await definition_hashes(forms)
     name = _name(fn)
 
     slots = anyio.Semaphore(limit)
@@ -210,6 +210,7 @@ async def run_each(
                 identity_of=identity,
                 inputs_of=inputs_of,
                 digest=digest,
+                accepted=accepted,
                 wait=wait,
                 name=name,
             )
@@ -273,6 +274,7 @@ async def _one(
     identity_of: Callable[[T], IdentityLike],
     inputs_of: Callable[[T], Inputs],
     digest: str,
+    accepted: frozenset[str],
     wait: float | None,
     name: str,
 ) -> tuple[_Kind, EachDone[T] | EachFailure[T]]:
@@ -284,7 +286,9 @@ async def _one(
         return "refused", EachFailure(item, None, error)
     claimed = None
     try:
-        async with journal.claim(ident, item_inputs, digest, wait=wait) as attempt:
+        async with journal.claim(
+            ident, item_inputs, digest, wait=wait, compatible=accepted
+        ) as attempt:
             if attempt.reused:
                 assert attempt.receipt is not None
                 return "reused", EachDone(item, ident, attempt.receipt, attempt.result)
@@ -357,23 +361,3 @@ class _SyncSource(Generic[T]):
             return next(self._iterator)
         except StopIteration:
             raise StopAsyncIteration from None
-
-
-async def _definition(definition: str | None, fn: Callable[..., Awaitable[object]]) -> str:
-    """The definition digest, by the rules of ``once``."""
-    if definition is None:
-        return await anyio.to_thread.run_sync(definition_digest, fn)
-    if not isinstance(definition, str):
-        raise InvalidArgument(
-            f"definition is a digest or a version string, not {type(definition).__name__}",
-            code="INVALID_HASH",
-        )
-    if _DIGEST.fullmatch(definition) is not None:
-        return definition
-    if _DIGEST_ANY_CASE.fullmatch(definition) is not None:
-        raise InvalidArgument(
-            "definition looks like a digest but is not lowercase hex; "
-            "pass it in lowercase, or pick a version string that is not 64 hex characters",
-            code="INVALID_HASH",
-        )
-    return definition_digest(definition)

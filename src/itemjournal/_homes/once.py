@@ -5,22 +5,27 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, ParamSpec, TypeAlias, overload
 
 import anyio
-import anyio.to_thread
 
-from .._journal.arguments import check_wait, is_async
+from .._journal.arguments import (
+    Definitions,
+    check_compatible,
+    check_definition,
+    check_wait,
+    definition_hashes,
+    is_async,
+)
 from .._journal.journal import Journal
 from .._model.errors import InvalidArgument
 from .._model.identity import (
+    DefinitionLike,
     Identity,
     IdentityLike,
     coerce_identity,
-    definition_digest,
     input_digest,
 )
 from .._model.records import receipt_problem, result_problem
@@ -34,9 +39,6 @@ Inputs: TypeAlias = "Mapping[str, InputValue]"
 JournalSource: TypeAlias = "Journal | Callable[[], Journal | Awaitable[Journal]]"
 Pair: TypeAlias = "tuple[str, str | None]"
 
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-_DIGEST_ANY_CASE = re.compile(r"[0-9a-fA-F]{64}")
-
 # What a call returns, decided once when the function is decorated (see ``once``).
 _STR = "a receipt str"
 _PAIR = "a (receipt, result) pair"
@@ -48,8 +50,9 @@ def once(
     *,
     identity: IdentityLike | Callable[..., IdentityLike],
     inputs: Inputs | Callable[..., Inputs] | None = None,
-    definition: str | None = None,
+    definition: DefinitionLike | None = None,
     wait: float | None = None,
+    compatible: Iterable[DefinitionLike] = (),
 ) -> Once:
     """Decorate an ``async def`` that performs one effect and returns its receipt.
 
@@ -76,12 +79,16 @@ def once(
     arguments (exactly as the decorated function does) and return them. ``inputs``
     defaults to no inputs.
 
-    ``definition``: a 64-character lowercase hex string is used as the definition digest
-    itself; any other string is a version (``definition_digest(version)``), so only a
-    deliberate bump is a new definition. Omitted: the digest of the function's source
-    (read at the first call, in a worker thread), so any edit of the function is a new
-    definition; a function whose source cannot be read fails that call with
+    ``definition``: what ``begin`` takes, with the same meaning. A 64-character
+    lowercase hex string is used as the definition digest itself; any other string is a
+    version (``definition_digest(version)``), so only a deliberate bump is a new
+    definition; a callable stands for its source. Omitted: the digest of the decorated
+    function's source, so any edit of the function is a new definition. A source is read
+    at the first call, in a worker thread; one that cannot be read fails that call with
     ``INVALID_HASH`` before anything is written.
+
+    ``compatible``: earlier definitions (same forms) this function is compatible with,
+    passed to ``journal.claim``: a record that succeeded under one of them is reused.
 
     ``wait``: passed to ``journal.claim``; seconds to wait while the identity is in
     progress elsewhere, then answer as usual (``IN_PROGRESS`` on timeout).
@@ -121,26 +128,18 @@ def once(
             f"inputs must be a mapping or a function returning one, not {type(inputs).__name__}",
             code="INVALID_INPUTS",
         )
-    if definition is not None and not isinstance(definition, str):
-        raise InvalidArgument(
-            f"definition is a digest or a version string, not {type(definition).__name__}",
-            code="INVALID_HASH",
-        )
-    if definition is not None and _DIGEST.fullmatch(definition) is None:
-        if _DIGEST_ANY_CASE.fullmatch(definition) is not None:
-            raise InvalidArgument(
-                "definition looks like a digest but is not lowercase hex; "
-                "pass it in lowercase, or pick a version string that is not 64 hex characters",
-                code="INVALID_HASH",
-            )
-        definition = definition_digest(definition)
-    wait = check_wait(wait)  # refused now, not at the first call
+    # Refused now, not at the first call: the definitions (the sources of callables are
+    # read at the first call) and the wait.
+    chosen_definition = None if definition is None else check_definition(definition)
+    earlier = check_compatible(compatible)
+    wait = check_wait(wait)
     return Once(
         journal,
         identity=chosen_identity,
         inputs=chosen_inputs,
-        definition=definition,
+        definition=chosen_definition,
         wait=wait,
+        compatible=earlier,
     )
 
 
@@ -153,14 +152,16 @@ class Once:
         *,
         identity: IdentityLike | Callable[..., IdentityLike],
         inputs: Inputs | Callable[..., Inputs],
-        definition: str | None,
+        definition: str | Callable[..., Any] | None,
         wait: float | None,
+        compatible: Definitions = (),
     ) -> None:
         self._journal = journal
         self._identity = identity
         self._inputs = inputs
         self._definition = definition
         self._wait = wait
+        self._compatible = compatible
 
     def __repr__(self) -> str:
         return f"once(identity={self._identity!r}, definition={self._definition!r})"
@@ -185,13 +186,14 @@ class Once:
             )
         shape = _declared_shape(func)
         name = _name(func)
-        digests = [self._definition] if self._definition is not None else []
+        forms = (func if self._definition is None else self._definition, *self._compatible)
+        digests: list[tuple[str, frozenset[str]]] = []
 
-        async def definition() -> str:
-            # The source is read on the first call, in a worker thread: decorating may
+        async def definitions() -> tuple[str, frozenset[str]]:
+            # Sources are read on the first call, in a worker thread: decorating may
             # happen inside a running event loop, which must never wait for the disk.
             if not digests:
-                digests.append(await anyio.to_thread.run_sync(definition_digest, func))
+                digests.append(await definition_hashes(forms))
             return digests[0]
 
         @functools.wraps(func)
@@ -201,8 +203,10 @@ class Once:
                 self._identity(*args, **kwargs) if callable(self._identity) else self._identity
             )
             inputs = self._inputs(*args, **kwargs) if callable(self._inputs) else self._inputs
-            digest = await definition()
-            async with journal.claim(identity, inputs, digest, wait=self._wait) as attempt:
+            digest, accepted = await definitions()
+            async with journal.claim(
+                identity, inputs, digest, wait=self._wait, compatible=accepted
+            ) as attempt:
                 if attempt.reused:
                     assert attempt.receipt is not None
                     if shape == _PAIR or (shape == _AS_STORED and attempt.result is not None):

@@ -1,9 +1,11 @@
 """Checks of what callers pass, shared by the journal, its reconciliation and the homes.
 
 Every check refuses with ``InvalidArgument`` before anything is read or written, and
-returns the value as it will be used. ``once`` and ``run_each`` check their ``wait`` when
-they are made, not at their first call, with the very check ``begin`` applies, so the
-same value is refused in the same words wherever it is given.
+returns the value as it will be used. ``once`` and ``run_each`` check their ``wait`` and
+their definitions when they are made, not at their first call, with the very checks
+``begin`` applies, so the same value is refused in the same words wherever it is given.
+A definition given as a callable is checked for what it is at once; its source is read
+later, in a worker thread (``definition_hashes``), since reading it reads a file.
 """
 
 from __future__ import annotations
@@ -12,14 +14,22 @@ import inspect
 import math
 import os
 import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio.to_thread
 
 from .._model.errors import InvalidArgument
+from .._model.identity import definition_digest
 from .._model.records import STATUSES, note_problem, receipt_problem, result_problem
 from .._model.view import Claim
 
 __all__ = [
     "check_after",
     "check_claim",
+    "check_compatible",
+    "check_definition",
+    "check_definitions",
     "check_dry_run",
     "check_location",
     "check_lock_timeout",
@@ -30,10 +40,15 @@ __all__ = [
     "check_result",
     "check_status",
     "check_wait",
+    "definition_hashes",
     "is_async",
 ]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
+
+# A call's definitions as checked: its own first, then those it is compatible with, each
+# a digest or a callable whose source is still to be read.
+Definitions = tuple["str | Callable[..., Any]", ...]
 
 
 def check_note(value: object, what: str) -> str:
@@ -108,6 +123,70 @@ def check_lock_timeout(value: object) -> float:
             code="INVALID_ARGUMENT",
         )
     return float(value)
+
+
+def check_definition(value: object, what: str = "definition") -> str | Callable[..., Any]:
+    """A definition in one of its forms: the digest of a string form (a digest stands for
+    itself, a version for its hash), or the callable itself, whose source is read later."""
+    if isinstance(value, str):
+        return definition_digest(value)
+    if callable(value):
+        return value
+    raise InvalidArgument(
+        f"{what} is a digest, a version string or a callable, not {type(value).__name__}",
+        code="INVALID_HASH",
+    )
+
+
+def check_compatible(value: object) -> tuple[str | Callable[..., Any], ...]:
+    """``compatible``: a collection of earlier definitions, each checked as a definition."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        shown = "a single string" if isinstance(value, str) else type(value).__name__
+        raise InvalidArgument(
+            f"compatible is a collection of earlier definitions, such as "
+            f'compatible=("billing-v3",), not {shown}',
+            code="INVALID_ARGUMENT",
+        )
+    forms = []
+    for each in value:
+        try:
+            forms.append(check_definition(each, "a compatible definition"))
+        except InvalidArgument as error:
+            raise _in_compatible(error) from None
+    return tuple(forms)
+
+
+def _in_compatible(error: InvalidArgument) -> InvalidArgument:
+    """The same refusal, saying it was one of the compatible definitions."""
+    if "compatible" in error.message:
+        return error
+    return InvalidArgument(f"in compatible: {error.message}", code=error.code)
+
+
+def check_definitions(definition: object, compatible: object) -> Definitions:
+    """A call's ``definition`` and ``compatible``, checked: the definition first."""
+    return (check_definition(definition), *check_compatible(compatible))
+
+
+async def definition_hashes(forms: Definitions) -> tuple[str, frozenset[str]]:
+    """The digest of the definition and the set of its compatible ones, from the checked
+    ``forms``: the sources of callables among them are read in one worker-thread trip,
+    never on the event loop; a source that cannot be read is ``INVALID_HASH``."""
+    if any(not isinstance(form, str) for form in forms):
+        digests = await anyio.to_thread.run_sync(_digests, forms)
+    else:
+        digests = tuple(str(form) for form in forms)
+    return digests[0], frozenset(digests[1:])
+
+
+def _digests(forms: Definitions) -> tuple[str, ...]:
+    digests = []
+    for index, form in enumerate(forms):
+        try:
+            digests.append(form if isinstance(form, str) else definition_digest(form))
+        except InvalidArgument as error:
+            raise (error if index == 0 else _in_compatible(error)) from error.__cause__
+    return tuple(digests)
 
 
 def check_claim(claim: object) -> None:

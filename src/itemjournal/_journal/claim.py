@@ -11,14 +11,14 @@ journal can make them without either module importing the other.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Literal, Protocol
 
 from .._model import machine
 from .._model.conflicts import ConflictError, UnresolvedClaim
 from .._model.errors import InvalidArgument
-from .._model.identity import Identity, IdentityLike, InputValue, coerce_identity
+from .._model.identity import DefinitionLike, Identity, IdentityLike, InputValue, coerce_identity
 from .._model.records import MAX_NOTE_CHARS, Record, utc_now
 from .._model.view import Claim, RecordView, Reuse
 from .._stores.seam import Step
@@ -36,9 +36,10 @@ class ClaimJournal(Protocol):
         self,
         identity: IdentityLike,
         inputs: Mapping[str, InputValue],
-        definition: str,
+        definition: DefinitionLike,
         *,
         wait: float | None = None,
+        compatible: Iterable[DefinitionLike] = (),
     ) -> Claim | Reuse: ...
 
     async def complete(
@@ -105,15 +106,17 @@ class ClaimContext:
         journal: ClaimJournal,
         identity: IdentityLike,
         inputs: Mapping[str, InputValue],
-        definition: str,
+        definition: DefinitionLike,
         *,
         runner: Runner,
         wait: float | None = None,
+        compatible: Sequence[DefinitionLike] = (),
     ) -> None:
         self._journal = journal
         self._runner = runner
         self._args = (identity, inputs, definition)
         self._wait = wait
+        self._compatible = compatible
         self._attempt: Attempt | None = None
         self._entered = False
 
@@ -123,7 +126,9 @@ class ClaimContext:
                 "a claim context can be entered only once", code="INVALID_ARGUMENT"
             )
         self._entered = True
-        outcome = await self._journal.begin(*self._args, wait=self._wait)
+        outcome = await self._journal.begin(
+            *self._args, wait=self._wait, compatible=self._compatible
+        )
         self._attempt = Attempt(self._journal, outcome)
         return self._attempt
 

@@ -81,11 +81,13 @@ class BeginSteps:
         input_hash: str,
         definition_hash: str,
         store: Store,
+        compatible: frozenset[str] = frozenset(),
     ) -> None:
         self._identity = identity
         self._input_kind = input_kind
         self._input_hash = input_hash
         self._definition_hash = definition_hash
+        self._compatible = compatible
         self._store = store
         self._alive = store.owner_alive
         self._why = store.gone_reason
@@ -117,6 +119,7 @@ class BeginSteps:
                 owner=self._store.owner(),
                 now=utc_now(),
                 owner_gone=gone,
+                compatible=self._compatible,
             ),
         )
         if new is None:

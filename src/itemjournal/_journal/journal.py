@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import timedelta
 
 import anyio
@@ -21,12 +21,12 @@ import anyio
 from .._model.conflicts import ConflictError
 from .._model.errors import RecordInvalid, StorageFailed
 from .._model.identity import (
+    DefinitionLike,
     Identity,
     IdentityLike,
     InputDigester,
     InputValue,
     coerce_identity,
-    require_hash,
 )
 from .._model.verdicts import Check, ReconcileReport
 from .._model.view import Claim, PruneReport, RecordView, Reuse, SweepReport
@@ -35,12 +35,14 @@ from .._stores.seam import Store
 from .._stores.threads import run_in_thread
 from .arguments import (
     check_claim,
+    check_definitions,
     check_note,
     check_open,
     check_receipt,
     check_resolution,
     check_result,
     check_wait,
+    definition_hashes,
 )
 from .claim import ClaimContext
 from .decisions import BeginSteps, complete_step, mark_review_step, resolve_step, view_of
@@ -161,11 +163,16 @@ class Journal:
         self,
         identity: IdentityLike,
         inputs: Mapping[str, InputValue],
-        definition: str,
+        definition: DefinitionLike,
         *,
         wait: float | None = None,
+        compatible: Iterable[DefinitionLike] = (),
     ) -> Claim | Reuse:
         """Durably record intent, then grant a ``Claim``; or ``Reuse`` a succeeded record.
+
+        ``definition``: a digest, a version string or a callable (``definition_digest``).
+        ``compatible``: earlier definitions, same forms; a ``succeeded`` record made under
+        one of them is reused, any other record of another one is ``DEFINITION_CHANGED``.
 
         A ``started`` record whose owner lives (or cannot be known) is ``IN_PROGRESS``;
         with ``wait=seconds`` the call waits for it to leave ``started`` and then answers
@@ -175,17 +182,18 @@ class Journal:
         """
         ident = coerce_identity(identity)
         input_hash = self._digester(inputs)
-        definition_hash = require_hash(definition)
+        forms = check_definitions(definition, compatible)
         limit = check_wait(wait)
+        definition_hash, accepted = await definition_hashes(forms)
         with self._span("begin", ident) as span:
             try:
                 if limit is None:
-                    outcome = await self._begin(ident, input_hash, definition_hash)
+                    outcome = await self._begin(ident, input_hash, definition_hash, accepted)
                 else:
                     outcome = await wait_while_in_progress(
                         self._runner.turns,
                         ident,
-                        lambda: self._begin(ident, input_hash, definition_hash),
+                        lambda: self._begin(ident, input_hash, definition_hash, accepted),
                         limit,
                     )
             except ConflictError as refusal:
@@ -200,13 +208,16 @@ class Journal:
             span.set("attempt", outcome.attempt)
             return outcome
 
-    async def _begin(self, ident: Identity, input_hash: str, definition_hash: str) -> Claim | Reuse:
+    async def _begin(
+        self, ident: Identity, input_hash: str, definition_hash: str, compatible: frozenset[str]
+    ) -> Claim | Reuse:
         steps = BeginSteps(
             ident,
             input_kind=self._digester.kind,
             input_hash=input_hash,
             definition_hash=definition_hash,
             store=self._store,
+            compatible=compatible,
         )
         return await self._runner.apply_begin(ident, steps)
 
@@ -296,19 +307,23 @@ class Journal:
         self,
         identity: IdentityLike,
         inputs: Mapping[str, InputValue],
-        definition: str,
+        definition: DefinitionLike,
         *,
         wait: float | None = None,
+        compatible: Iterable[DefinitionLike] = (),
     ) -> ClaimContext:
         """``async with journal.claim(...) as attempt``: begin, then settle on exit.
 
-        Leaving the block by an exception or a cancellation marks the record
-        ``needs_review`` (shielded from cancellation) and lets the exception go on;
-        leaving it normally without ``complete``/``mark_review`` marks it too and
-        raises ``UnresolvedClaim``.
+        ``definition``, ``wait`` and ``compatible`` are ``begin``'s. Leaving the block by
+        an exception or a cancellation marks the record ``needs_review`` (shielded from
+        cancellation) and lets the exception go on; leaving it normally without
+        ``complete``/``mark_review`` marks it too and raises ``UnresolvedClaim``.
         """
+        definition, *earlier = check_definitions(definition, compatible)  # read once, now
         check_wait(wait)
-        return ClaimContext(self, identity, inputs, definition, runner=self._runner, wait=wait)
+        return ClaimContext(
+            self, identity, inputs, definition, runner=self._runner, wait=wait, compatible=earlier
+        )
 
     # ------------------------------------------------------------------ the whole journal
 

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, TypeAlias
 from .errors import InvalidArgument
 
 __all__ = [
+    "DefinitionLike",
     "Identity",
     "IdentityLike",
     "InputDigester",
@@ -28,6 +29,7 @@ __all__ = [
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _HASH = re.compile(r"[0-9a-f]{64}")
+_HASH_ANY_CASE = re.compile(r"[0-9a-fA-F]{64}")
 MAX_INPUTS = 20
 MAX_INPUT_CHARS = 20_000
 MAX_INPUT_INT = 2**63 - 1
@@ -47,6 +49,9 @@ class Identity(NamedTuple):
 
 
 IdentityLike: TypeAlias = "Identity | tuple[str, str, str, str] | list[str]"
+
+# What names the code that performs an effect: a digest, a version string or a callable.
+DefinitionLike: TypeAlias = "str | Callable[..., Any]"
 
 
 def check_label(value: object, what: str = "label") -> str:
@@ -179,14 +184,24 @@ def require_hash(value: object, what: str = "definition") -> str:
     return value
 
 
-def definition_digest(definition: str | Callable[..., Any]) -> str:
-    """Fingerprint the code that performs an effect.
+def definition_digest(definition: DefinitionLike) -> str:
+    """The digest a definition stands for, whichever form it is given in.
 
-    Given a callable, hash its source text (dedented), so any edit of it, comments
-    included, is a new definition. Given a version string such as ``"billing-v3"``,
-    hash that string, so only a deliberate bump is a new definition.
+    A 64-character lowercase hex string is a digest already and stands for itself (so a
+    version string of exactly that shape cannot be used: it is always taken as a digest).
+    Any other string is a version such as ``"billing-v3"``: its digest changes only with a
+    deliberate bump. A callable stands for its source text (dedented), so any edit of it,
+    comments included, is a new definition; reading the source reads a file.
     """
     if isinstance(definition, str):
+        if _HASH.fullmatch(definition) is not None:
+            return definition
+        if _HASH_ANY_CASE.fullmatch(definition) is not None:
+            raise InvalidArgument(
+                "a definition that looks like a digest must be lowercase hex; pass it in "
+                "lowercase, or pick a version string that is not 64 hex characters",
+                code="INVALID_HASH",
+            )
         if not definition.strip():
             raise InvalidArgument("a definition version must not be blank", code="INVALID_HASH")
         material = "version\0" + definition
@@ -202,7 +217,7 @@ def definition_digest(definition: str | Callable[..., Any]) -> str:
         material = "source\0" + textwrap.dedent(source)
     else:
         raise InvalidArgument(
-            f"definition_digest takes a callable or a version string, not "
+            f"a definition is a digest, a version string or a callable, not "
             f"{type(definition).__name__}",
             code="INVALID_HASH",
         )

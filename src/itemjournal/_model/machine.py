@@ -6,6 +6,8 @@ with what it read and writes what they return (``None`` means: write nothing).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from .conflicts import ConflictError
 from .identity import Identity
 from .records import Owner, Record
@@ -24,8 +26,14 @@ def begin(
     owner: Owner,
     now: str,
     owner_gone: str | None = None,
+    compatible: AbstractSet[str] = frozenset(),
 ) -> Record | None:
     """A new ``started`` record (a claim), or None when a succeeded record is reused.
+
+    ``compatible``: digests of earlier definitions the caller's code is compatible with.
+    A ``succeeded`` record made under one of them (from the same inputs) is reused as if
+    made under ``definition_hash``; every other status under another definition is still
+    ``DEFINITION_CHANGED``, since only finished work has a receipt to hand back.
 
     On a ``started`` record with the same fingerprints: ``IN_PROGRESS`` while its owner
     lives or cannot be known; when ``owner_gone`` (the owner is provably dead: why), the
@@ -62,6 +70,15 @@ def begin(
             f"{current.status} record was made from other inputs", code="INPUT_CHANGED"
         )
     if current.definition_hash != definition_hash:
+        if current.status == "succeeded":
+            if current.definition_hash in compatible:
+                return None
+            raise ConflictError(
+                f"succeeded record was made by another definition ({current.definition_hash}); "
+                f"if this code is compatible with it, name it in compatible=(...) to reuse "
+                f"its receipt",
+                code="DEFINITION_CHANGED",
+            )
         raise ConflictError(
             f"{current.status} record was made by another definition", code="DEFINITION_CHANGED"
         )
