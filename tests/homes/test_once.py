@@ -243,13 +243,24 @@ async def test_a_cancelled_call_needs_review(journal: Journal) -> None:
 
 
 async def test_a_call_cancelled_by_a_deadline_needs_review(journal: Journal) -> None:
+    began = anyio.Event()
+
     @once(journal, identity=IDENTITY, definition="billing-v1")
     async def charge() -> str:
+        began.set()
         await anyio.sleep_forever()
         raise AssertionError("never reached")
 
-    with anyio.move_on_after(0.05) as scope:
-        await charge()
+    async def deadline_once_running(scope: anyio.CancelScope) -> None:
+        # The deadline is set once the effect runs: on a loaded machine a fixed 50 ms could
+        # expire inside begin, which is another case (no record left behind).
+        await began.wait()
+        scope.deadline = anyio.current_time() + 0.05
+
+    async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as scope:
+            tg.start_soon(deadline_once_running, scope)
+            await charge()
     assert scope.cancelled_caught
     assert (await journal.inspect(IDENTITY)).status == "needs_review"
 
