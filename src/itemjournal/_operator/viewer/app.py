@@ -196,6 +196,12 @@ def serve(
     stderr: the viewer speaks plain HTTP. ``input_key`` and ``trust_shared_root`` are
     passed to ``Journal.open``. Bad arguments and a journal that cannot be
     opened raise ``JournalError`` before anything listens.
+
+    Slow and abusive clients are bounded (see ``viewer/server.py``): a request head must
+    be complete within 5 s, at most 2,048 connections are held (and never more than the
+    limit of open files less 128), and each cause of trouble is logged once, then
+    counted. While it serves, the process's soft limit of open files is raised to its hard
+    limit; it is set back when serving ends.
     """
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
