@@ -206,10 +206,12 @@ class Watch:
         self.selector.close()
 
 
-def tokened_get(port: int) -> tuple[float, int | str]:
+def tokened_get(client: httpx.Client, port: int) -> tuple[float, int | str]:
+    """A GET with the token on a new connection (the client keeps none alive, so each one
+    must be accepted by the server past the slow ones): its time and status."""
     started = time.monotonic()
     try:
-        response = httpx.get(f"http://127.0.0.1:{port}/api/counts", headers=AUTHORIZED, timeout=3)
+        response = client.get(f"http://127.0.0.1:{port}/api/counts", headers=AUTHORIZED)
     except httpx.TransportError as error:
         return time.monotonic() - started, type(error).__name__
     return time.monotonic() - started, response.status_code
@@ -240,7 +242,10 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
         pytest.skip(f"this machine's hard limit of open files is below {hard}")
     bound = min(MAX_CONNECTIONS, hard - FILES_RESERVE)
     latencies: list[tuple[float, int | str]] = []
-    with server(location, tmp_path, soft=soft, hard=hard, held=held) as (port, log):
+    with (
+        server(location, tmp_path, soft=soft, hard=hard, held=held) as (port, log),
+        httpx.Client(timeout=3, limits=httpx.Limits(max_keepalive_connections=0)) as client,
+    ):
         started = time.monotonic()
         partials = open_partial(port, SLOW_CONNECTIONS)
         opening = time.monotonic() - started
@@ -250,7 +255,7 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
             next_trickle = time.monotonic()
             while watch.open and time.monotonic() < deadline:
                 if len(latencies) < 6:
-                    latencies.append(tokened_get(port))
+                    latencies.append(tokened_get(client, port))
                 if time.monotonic() >= next_trickle:
                     watch.trickle()
                     next_trickle += 0.5
@@ -258,7 +263,7 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
             left_open = len(watch.open)
         finally:
             watch.close()
-        latencies.append(tokened_get(port))
+        latencies.append(tokened_get(client, port))
     text = log[0]
     cut = [partial for partial in partials if partial.answer.startswith(b"HTTP/1.1 408 ")]
     held_for = sorted(partial.held for partial in partials if partial.closed is not None)
@@ -287,6 +292,9 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
             print(f"  {line}")
     assert len(latencies) >= 7
     assert all(status == 200 for _, status in latencies), latencies
+    # each on a connection of its own (uvicorn's access log names the client's port)
+    ports = re.findall(r"127\.0\.0\.1:(\d+) - \"GET /api/counts HTTP/1\.1\" 200", text)
+    assert len(set(ports)) >= len(latencies) + 1  # and the first, before the slow ones
     assert max(seconds for seconds, _ in latencies) < 1.0, latencies
     assert left_open == 0
     assert held_for[-1] <= HEAD_TIMEOUT + 1.5
