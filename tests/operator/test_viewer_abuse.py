@@ -249,6 +249,9 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
         started = time.monotonic()
         partials = open_partial(port, SLOW_CONNECTIONS)
         opening = time.monotonic() - started
+        # Queued behind the whole burst: the server accepts (and sorts) every slow
+        # connection before this one, so on a loaded machine it may take longer.
+        behind_the_burst = tokened_get(client, port)
         watch = Watch(partials)
         try:
             deadline = partials[-1].opened + HEAD_TIMEOUT + 3
@@ -278,8 +281,10 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
         f"bound {bound}{f', lowered to {lowered[-1]}' if lowered else ''}"
     )
     print(
-        "tokened GET latencies (s): "
+        f"tokened GET right behind the burst: {behind_the_burst[0]:.3f} s "
+        f"({behind_the_burst[1]}); then, while they are open, and after: "
         + ", ".join(f"{seconds:.3f} ({status})" for seconds, status in latencies)
+        + " s"
     )
     print(
         f"closed by the server: {len(partials) - left_open}, after {held_for[0]:.2f} to "
@@ -290,12 +295,15 @@ def test_a_slowloris_leaves_the_tokened_viewer_answering(
     for line in text.splitlines():
         if line.startswith("WARNING") or "more in the last" in line:
             print(f"  {line}")
+    assert behind_the_burst[1] == 200
+    assert behind_the_burst[0] < 3.0
     assert len(latencies) >= 7
     assert all(status == 200 for _, status in latencies), latencies
-    # each on a connection of its own (uvicorn's access log names the client's port)
-    ports = re.findall(r"127\.0\.0\.1:(\d+) - \"GET /api/counts HTTP/1\.1\" 200", text)
-    assert len(set(ports)) >= len(latencies) + 1  # and the first, before the slow ones
     assert max(seconds for seconds, _ in latencies) < 1.0, latencies
+    # each on a connection of its own (uvicorn's access log names the client's port), and
+    # the one that saw the viewer start
+    ports = re.findall(r"127\.0\.0\.1:(\d+) - \"GET /api/counts HTTP/1\.1\" 200", text)
+    assert len(set(ports)) >= len(latencies) + 2
     assert left_open == 0
     assert held_for[-1] <= HEAD_TIMEOUT + 1.5
     assert len(text.encode()) < LOG_LIMIT, text[:2000]
