@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -55,6 +56,8 @@ from ..._model.errors import InvalidArgument
 from ..._stores.registry import redact
 from .guard import _check_token, _Guard, _is_loopback
 from .pages import _Viewer
+from .reports import Reports
+from .server import HEAD_LIMIT, KEEP_ALIVE, Listener, Room, bound_for, more_open_files, protocol_for
 from .templates import Templates, _read_package_files
 
 __all__ = ["TOKEN_ENV", "create_app", "serve"]
@@ -193,6 +196,12 @@ def serve(
     stderr: the viewer speaks plain HTTP. ``input_key`` and ``trust_shared_root`` are
     passed to ``Journal.open``. Bad arguments and a journal that cannot be
     opened raise ``JournalError`` before anything listens.
+
+    Slow and abusive clients are bounded (see ``viewer/server.py``): a request head must
+    be complete within 5 s, at most 2,048 connections are held (and never more than the
+    limit of open files less 128), and each cause of trouble is logged once, then
+    counted. While it serves, the process's soft limit of open files is raised to its hard
+    limit; it is set back when serving ends.
     """
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
@@ -218,7 +227,7 @@ def serve(
         )
     text = os.fspath(location)
     _require_journal(text)
-    with contextlib.suppress(KeyboardInterrupt):
+    with contextlib.suppress(KeyboardInterrupt), more_open_files() as open_files:
         run = functools.partial(
             _serve,
             text,
@@ -227,6 +236,7 @@ def serve(
             token=token,
             input_key=input_key,
             trust_shared_root=trust_shared_root,
+            open_files=open_files,
         )
         anyio.run(run, backend="asyncio")
 
@@ -239,29 +249,57 @@ async def _serve(
     token: str | None,
     input_key: bytes | None,
     trust_shared_root: bool,
+    open_files: int,
 ) -> None:
     # Opened before anything listens, so a journal that cannot be opened is reported to
     # the caller as its JournalError rather than as a failed application startup.
     journal = await Journal.open(location, input_key=input_key, trust_shared_root=trust_shared_root)
     try:
         app = create_app(journal, token=token)
-
-        def configure() -> uvicorn.Config:
-            config = uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                lifespan="on",
-                ws="none",
-                proxy_headers=False,
-                server_header=False,
-                log_level="info",
-            )
-            config.load()  # imports its protocol modules: disk reads, kept off the loop
-            return config
-
-        config = await anyio.to_thread.run_sync(configure)
-        await uvicorn.Server(config).serve()
+        # The server's log: its own lines, and each cause of trouble once, then counted.
+        reports = Reports(logging.getLogger("uvicorn.error"))
+        room = Room(bound_for(open_files), reports)
+        configure = functools.partial(_configure, app, host=host, port=port, room=room)
+        config, listener = await anyio.to_thread.run_sync(configure)
+        collapse = reports.filter()
+        loggers = [logging.getLogger(name) for name in ("uvicorn.error", "asyncio")]
+        for logger in loggers:
+            logger.addFilter(collapse)
+        try:
+            await uvicorn.Server(config).serve(sockets=[listener])
+        finally:
+            for logger in loggers:
+                logger.removeFilter(collapse)
+            listener.close()
+            reports.flush()
     finally:
         with anyio.CancelScope(shield=True):
             await journal.aclose()
+
+
+def _configure(
+    app: Starlette, *, host: str, port: int, room: Room
+) -> tuple[uvicorn.Config, Listener]:
+    """The server's configuration and its listening socket, made in a worker thread (uvicorn
+    imports its modules and logs where it listens; a port that cannot be bound ends the
+    process as uvicorn does, with exit status 3)."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        ws="none",
+        proxy_headers=False,
+        server_header=False,
+        log_level="info",
+        http=protocol_for(room),
+        timeout_keep_alive=KEEP_ALIVE,
+        h11_max_incomplete_event_size=HEAD_LIMIT,
+    )
+    config.load()
+    bound = config.bind_socket()
+    listener = Listener(bound.family, bound.type, bound.proto, fileno=bound.detach())
+    listener.set_inheritable(False)
+    listener.room = room
+    listener.keep_spare()
+    return config, listener
