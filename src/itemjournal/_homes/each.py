@@ -286,7 +286,6 @@ async def _one(
     try:
         async with journal.claim(ident, item_inputs, digest, wait=wait) as attempt:
             if attempt.reused:
-                assert attempt.receipt is not None
                 return "reused", EachDone(item, ident, attempt.receipt, attempt.result)
             claimed = attempt
             value: object = await fn(item, attempt.claim)

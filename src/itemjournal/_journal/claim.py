@@ -3,7 +3,9 @@
 ``ClaimContext`` begins on entry and settles the record on exit: left by an exception or
 a cancellation (anyio's or a bare asyncio ``task.cancel()``), or without ``complete`` or
 ``mark_review``, the record is marked ``needs_review``, shielded, and what happened is
-told as a note on the exception that goes on. ``Attempt`` is what the block holds. They
+told as a note on the exception that goes on. ``Attempt`` is what the block holds: a
+``ReusedAttempt`` or a ``ClaimedAttempt``, told apart by ``reused`` (``Literal[True]`` or
+``Literal[False]``), so ``if attempt.reused:`` narrows it for a type checker. They
 stand on the journal through the three operations they use (``ClaimJournal``), so the
 journal can make them without either module importing the other.
 """
@@ -26,7 +28,7 @@ from .arguments import check_note
 from .decisions import refusing, view_of
 from .runner import Runner, to_the_end
 
-__all__ = ["Attempt", "ClaimContext", "ClaimJournal"]
+__all__ = ["Attempt", "ClaimContext", "ClaimJournal", "ClaimedAttempt", "ReusedAttempt"]
 
 
 class ClaimJournal(Protocol):
@@ -51,12 +53,14 @@ class ClaimJournal(Protocol):
 
 
 class Attempt:
-    """What ``journal.claim()`` yields: either a fresh claim or a reused receipt."""
+    """What ``journal.claim()`` yields: a ``ClaimedAttempt`` (a fresh claim) or a
+    ``ReusedAttempt`` (a reused receipt); ``if attempt.reused:`` tells which, also to a type
+    checker."""
 
     def __init__(self, journal: ClaimJournal, outcome: Claim | Reuse) -> None:
         self._journal = journal
         self._claim: Claim | None = outcome if isinstance(outcome, Claim) else None
-        self.receipt: str | None = outcome.receipt if isinstance(outcome, Reuse) else None
+        self._receipt = outcome.receipt if isinstance(outcome, Reuse) else None
         # The result stored with a reused receipt (or given to ``complete``), if any.
         self.result: str | None = outcome.result if isinstance(outcome, Reuse) else None
         self.settled = isinstance(outcome, Reuse)
@@ -66,6 +70,11 @@ class Attempt:
     def reused(self) -> bool:
         """True when the item already succeeded and ``receipt`` holds its receipt."""
         return self._claim is None
+
+    @property
+    def receipt(self) -> str | None:
+        """The reused receipt, or the one given to ``complete``; ``None`` before that."""
+        return self._receipt
 
     @property
     def claim(self) -> Claim:
@@ -84,7 +93,7 @@ class Attempt:
         claim = self._own_claim("complete")
         self.view = await self._journal.complete(claim, receipt, result=result)
         self.settled = True
-        self.receipt = receipt
+        self._receipt = receipt
         self.result = result
         return self.view
 
@@ -95,6 +104,30 @@ class Attempt:
         self.view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
         self.settled = True
         return self.view
+
+
+class ReusedAttempt(Attempt):
+    """The item succeeded before: ``receipt`` is its receipt, and nothing is claimed."""
+
+    def __init__(self, journal: ClaimJournal, outcome: Reuse) -> None:
+        super().__init__(journal, outcome)
+        self._reuse = outcome
+
+    @property
+    def reused(self) -> Literal[True]:
+        return True
+
+    @property
+    def receipt(self) -> str:
+        return self._reuse.receipt
+
+
+class ClaimedAttempt(Attempt):
+    """A fresh claim: do the effect under ``claim.key``, then ``complete`` or ``mark_review``."""
+
+    @property
+    def reused(self) -> Literal[False]:
+        return False
 
 
 class ClaimContext:
@@ -117,15 +150,20 @@ class ClaimContext:
         self._attempt: Attempt | None = None
         self._entered = False
 
-    async def __aenter__(self) -> Attempt:
+    async def __aenter__(self) -> ReusedAttempt | ClaimedAttempt:
         if self._entered:
             raise InvalidArgument(
                 "a claim context can be entered only once", code="INVALID_ARGUMENT"
             )
         self._entered = True
         outcome = await self._journal.begin(*self._args, wait=self._wait)
-        self._attempt = Attempt(self._journal, outcome)
-        return self._attempt
+        attempt: ReusedAttempt | ClaimedAttempt = (
+            ReusedAttempt(self._journal, outcome)
+            if isinstance(outcome, Reuse)
+            else ClaimedAttempt(self._journal, outcome)
+        )
+        self._attempt = attempt
+        return attempt
 
     async def __aexit__(
         self,
