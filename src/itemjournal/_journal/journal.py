@@ -15,11 +15,12 @@ import functools
 import os
 from collections.abc import AsyncGenerator, Mapping
 from datetime import timedelta
+from typing import Literal, overload
 
 import anyio
 
 from .._model.conflicts import ConflictError
-from .._model.errors import RecordInvalid, StorageFailed
+from .._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from .._model.identity import (
     Identity,
     IdentityLike,
@@ -312,6 +313,30 @@ class Journal:
 
     # ------------------------------------------------------------------ the whole journal
 
+    @overload
+    def records(
+        self,
+        status: str | None = None,
+        *,
+        scope: str | None = None,
+        program: str | None = None,
+        job: str | None = None,
+        after: str | None = None,
+        problems: Literal[False] = False,
+    ) -> AsyncGenerator[RecordView, None]: ...
+
+    @overload
+    def records(
+        self,
+        status: str | None = None,
+        *,
+        scope: str | None = None,
+        program: str | None = None,
+        job: str | None = None,
+        after: str | None = None,
+        problems: bool,
+    ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]: ...
+
     async def records(
         self,
         status: str | None = None,
@@ -320,18 +345,24 @@ class Journal:
         program: str | None = None,
         job: str | None = None,
         after: str | None = None,
+        problems: bool = False,
     ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]:
         """Stream the journal's records as ``RecordView``s, in key order (``view.key``).
 
         ``status`` and the labels filter; ``after`` (a key) starts after that record, for
-        keyset pagination. A record that cannot be read comes as its ``RecordInvalid``, a
-        part of the store that cannot be read as ``StorageFailed``; neither stops the
-        listing. Reads in batches; nothing beyond one batch is held in memory.
+        keyset pagination. A record that cannot be read is left out, and so is a part of
+        the store that cannot be read; with ``problems=True`` they come in their place as
+        their ``RecordInvalid`` and ``StorageFailed`` (``counts`` and ``verify`` report
+        them too). Neither stops the listing. Reads in batches; nothing beyond one batch
+        is held in memory.
         """
+        if not isinstance(problems, bool):
+            raise InvalidArgument("problems must be True or False", code="INVALID_ARGUMENT")
         listing = self._maintenance.records(status, scope, program, job, after)
         async with contextlib.aclosing(listing) as items:
             async for item in items:
-                yield item
+                if problems or isinstance(item, RecordView):
+                    yield item
 
     async def counts(self) -> dict[str, int]:
         """How many records there are per status, and how many cannot be read (``invalid``)."""
