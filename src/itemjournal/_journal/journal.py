@@ -15,12 +15,12 @@ import functools
 import os
 from collections.abc import AsyncGenerator, Mapping
 from datetime import timedelta
-from typing import Literal, overload
+from typing import Literal, Unpack, overload
 
 import anyio
 
 from .._model.conflicts import ConflictError
-from .._model.errors import InvalidArgument, RecordInvalid, StorageFailed
+from .._model.errors import RecordInvalid, StorageFailed
 from .._model.identity import (
     Identity,
     IdentityLike,
@@ -45,7 +45,7 @@ from .arguments import (
 )
 from .claim import ClaimContext
 from .decisions import BeginSteps, complete_step, mark_review_step, resolve_step, view_of
-from .maintenance import INPUT_KIND, Maintenance
+from .maintenance import INPUT_KIND, Filters, Maintenance
 from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 from .reconcile import reconcile_observed
 from .runner import Runner
@@ -318,23 +318,12 @@ class Journal:
         self,
         status: str | None = None,
         *,
-        scope: str | None = None,
-        program: str | None = None,
-        job: str | None = None,
-        after: str | None = None,
         problems: Literal[False] = False,
+        **filters: Unpack[Filters],
     ) -> AsyncGenerator[RecordView, None]: ...
-
     @overload
     def records(
-        self,
-        status: str | None = None,
-        *,
-        scope: str | None = None,
-        program: str | None = None,
-        job: str | None = None,
-        after: str | None = None,
-        problems: bool,
+        self, status: str | None = None, *, problems: bool, **filters: Unpack[Filters]
     ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]: ...
 
     async def records(
@@ -350,19 +339,14 @@ class Journal:
         """Stream the journal's records as ``RecordView``s, in key order (``view.key``).
 
         ``status`` and the labels filter; ``after`` (a key) starts after that record, for
-        keyset pagination. A record that cannot be read is left out, and so is a part of
-        the store that cannot be read; with ``problems=True`` they come in their place as
-        their ``RecordInvalid`` and ``StorageFailed`` (``counts`` and ``verify`` report
-        them too). Neither stops the listing. Reads in batches; nothing beyond one batch
-        is held in memory.
+        keyset pagination. A record (or a part of the store) that cannot be read is left
+        out; with ``problems=True`` it comes as its ``RecordInvalid`` (``StorageFailed``)
+        and the listing goes on. Reads in batches; nothing beyond one is held in memory.
         """
-        if not isinstance(problems, bool):
-            raise InvalidArgument("problems must be True or False", code="INVALID_ARGUMENT")
-        listing = self._maintenance.records(status, scope, program, job, after)
+        listing = self._maintenance.records(status, scope, program, job, after, problems=problems)
         async with contextlib.aclosing(listing) as items:
             async for item in items:
-                if problems or isinstance(item, RecordView):
-                    yield item
+                yield item
 
     async def counts(self) -> dict[str, int]:
         """How many records there are per status, and how many cannot be read (``invalid``)."""
