@@ -26,6 +26,8 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy
 	$(BIN)/mypy --strict tests/typing/user_code.py
 	$(BIN)/pyright tests/typing/user_code.py
+	$(BIN)/mypy --strict tests/typing/narrowing.py
+	$(BIN)/pyright tests/typing/narrowing.py
 	$(BIN)/python tools/check_layout.py
 
 # Workers for `make test` (pytest-xdist; 0 runs the suite in one process).

@@ -18,6 +18,8 @@ from ._homes.each import EachReport as EachReport
 from ._homes.each import run_each as run_each
 from ._homes.once import once as once
 from ._journal.claim import Attempt as Attempt
+from ._journal.claim import ClaimedAttempt as ClaimedAttempt
+from ._journal.claim import ReusedAttempt as ReusedAttempt
 from ._journal.journal import Journal as Journal
 from ._journal.observe import JournalStatistics as JournalStatistics
 from ._model.conflicts import ConflictError as ConflictError
@@ -32,6 +34,7 @@ from ._model.identity import identity_digest as identity_digest
 from ._model.identity import input_digest as input_digest
 from ._model.records import Event as Event
 from ._model.records import Owner as Owner
+from ._model.verdicts import Check as Check
 from ._model.verdicts import DidNotHappen as DidNotHappen
 from ._model.verdicts import Happened as Happened
 from ._model.verdicts import ReconcileReport as ReconcileReport
@@ -49,7 +52,9 @@ from ._stores.sqlite.store import SQLiteStore as SQLiteStore
 
 __all__ = [
     "Attempt",
+    "Check",
     "Claim",
+    "ClaimedAttempt",
     "ConflictError",
     "DidNotHappen",
     "EachDone",
@@ -70,6 +75,7 @@ __all__ = [
     "RecordInvalid",
     "RecordView",
     "Reuse",
+    "ReusedAttempt",
     "SQLiteStore",
     "Step",
     "StorageFailed",

@@ -156,17 +156,19 @@ async def test_a_bad_record_is_reported_and_the_listing_goes_on(
     by_status = await fill(journal)
     bad = sorted(by_status["succeeded"])[0]
     await anyio.to_thread.run_sync(spoil, location, journal, bad)
-    items = await listed(journal)
+    items = await listed(journal, problems=True)
     problems = [item for item in items if isinstance(item, (RecordInvalid, StorageFailed))]
     assert len(problems) == 1
     assert len(items) == 15
     assert (await journal.counts())["invalid"] == 1
     # A status listing includes it too (its status cannot be trusted)...
-    assert any(isinstance(item, RecordInvalid) for item in await listed(journal, "started"))
+    assert any(
+        isinstance(item, RecordInvalid) for item in await listed(journal, "started", problems=True)
+    )
     # ...and a page that starts after it does not repeat it.
     assert not any(
         isinstance(item, RecordInvalid)
-        for item in await listed(journal, after=identity_digest(bad))
+        for item in await listed(journal, after=identity_digest(bad), problems=True)
     )
     lines = await journal.verify()
     assert len(lines) == 1
@@ -257,3 +259,26 @@ async def test_prune_keeps_a_record_that_changed_since_the_scan(
 async def test_prune_refuses_a_bad_age(journal: Journal, bad: Any) -> None:
     with pytest.raises(InvalidArgument):
         await journal.prune(bad)
+
+
+async def test_records_yields_only_views_unless_problems_are_asked_for(
+    location: str, journal: Journal
+) -> None:
+    by_status = await fill(journal)
+    bad = sorted(by_status["succeeded"])[0]
+    await anyio.to_thread.run_sync(spoil, location, journal, bad)
+    views = await listed(journal)
+    assert len(views) == 14
+    assert all(isinstance(view, RecordView) for view in views)
+    assert all(isinstance(view, RecordView) for view in await listed(journal, "started"))
+    assert await listed(journal, problems=False) == views
+    items = await listed(journal, problems=True)
+    assert [item for item in items if isinstance(item, RecordView)] == views
+    assert [type(item) for item in items if not isinstance(item, RecordView)] == [RecordInvalid]
+
+
+@pytest.mark.parametrize("bad", [None, 1, "yes"])
+async def test_records_refuses_problems_that_is_not_a_bool(journal: Journal, bad: Any) -> None:
+    with pytest.raises(InvalidArgument) as raised:
+        await listed(journal, problems=bad)
+    assert raised.value.code == "INVALID_ARGUMENT"

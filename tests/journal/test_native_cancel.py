@@ -138,7 +138,7 @@ async def test_repeated_cancels_still_mark_the_claim_block_for_review(root: Path
         await task
     view = await journal.inspect(identity)
     assert view.status == "needs_review"
-    assert view.review_reason == "block raised CancelledError"
+    assert view.review_reason == "block cancelled"
 
 
 async def test_repeated_cancels_still_take_back_an_undelivered_claim(root: Path) -> None:

@@ -87,7 +87,7 @@ async def _survey(location: str) -> tuple[dict[Identity, str], list[str], tuple[
     found: dict[Identity, str] = {}
     unreadable: list[str] = []
     async with await Journal.open(location) as journal:
-        async for item in journal.records():
+        async for item in journal.records(problems=True):
             if isinstance(item, RecordView):
                 found[item.identity] = item.status
             else:

@@ -67,7 +67,7 @@ async def make_review(journal: Journal, names: list[str], scope: str = "shop") -
 
 async def snapshot(journal: Journal) -> dict[Identity, RecordView]:
     found: dict[Identity, RecordView] = {}
-    async with contextlib.aclosing(journal.records()) as items:
+    async with contextlib.aclosing(journal.records(problems=True)) as items:
         async for item in items:
             assert isinstance(item, RecordView), item
             found[item.identity] = item

@@ -290,7 +290,6 @@ async def _one(
             ident, item_inputs, digest, wait=wait, compatible=accepted
         ) as attempt:
             if attempt.reused:
-                assert attempt.receipt is not None
                 return "reused", EachDone(item, ident, attempt.receipt, attempt.result)
             claimed = attempt
             value: object = await fn(item, attempt.claim)

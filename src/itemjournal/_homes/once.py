@@ -208,7 +208,6 @@ class Once:
                 identity, inputs, digest, wait=self._wait, compatible=accepted
             ) as attempt:
                 if attempt.reused:
-                    assert attempt.receipt is not None
                     if shape == _PAIR or (shape == _AS_STORED and attempt.result is not None):
                         return attempt.receipt, attempt.result
                     return attempt.receipt

@@ -3,7 +3,9 @@
 ``ClaimContext`` begins on entry and settles the record on exit: left by an exception or
 a cancellation (anyio's or a bare asyncio ``task.cancel()``), or without ``complete`` or
 ``mark_review``, the record is marked ``needs_review``, shielded, and what happened is
-told as a note on the exception that goes on. ``Attempt`` is what the block holds. They
+told as a note on the exception that goes on. ``Attempt`` is what the block holds: a
+``ReusedAttempt`` or a ``ClaimedAttempt``, told apart by ``reused`` (``Literal[True]`` or
+``Literal[False]``), so ``if attempt.reused:`` narrows it for a type checker. They
 stand on the journal through the three operations they use (``ClaimJournal``), so the
 journal can make them without either module importing the other.
 """
@@ -11,9 +13,12 @@ journal can make them without either module importing the other.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Literal, Protocol
+
+import anyio
 
 from .._model import machine
 from .._model.conflicts import ConflictError, UnresolvedClaim
@@ -26,7 +31,7 @@ from .arguments import check_note
 from .decisions import refusing, view_of
 from .runner import Runner, to_the_end
 
-__all__ = ["Attempt", "ClaimContext", "ClaimJournal"]
+__all__ = ["Attempt", "ClaimContext", "ClaimJournal", "ClaimedAttempt", "ReusedAttempt"]
 
 
 class ClaimJournal(Protocol):
@@ -52,12 +57,14 @@ class ClaimJournal(Protocol):
 
 
 class Attempt:
-    """What ``journal.claim()`` yields: either a fresh claim or a reused receipt."""
+    """What ``journal.claim()`` yields: a ``ClaimedAttempt`` (a fresh claim) or a
+    ``ReusedAttempt`` (a reused receipt); ``if attempt.reused:`` tells which, also to a type
+    checker."""
 
     def __init__(self, journal: ClaimJournal, outcome: Claim | Reuse) -> None:
         self._journal = journal
         self._claim: Claim | None = outcome if isinstance(outcome, Claim) else None
-        self.receipt: str | None = outcome.receipt if isinstance(outcome, Reuse) else None
+        self._receipt = outcome.receipt if isinstance(outcome, Reuse) else None
         # The result stored with a reused receipt (or given to ``complete``), if any.
         self.result: str | None = outcome.result if isinstance(outcome, Reuse) else None
         self.settled = isinstance(outcome, Reuse)
@@ -67,6 +74,11 @@ class Attempt:
     def reused(self) -> bool:
         """True when the item already succeeded and ``receipt`` holds its receipt."""
         return self._claim is None
+
+    @property
+    def receipt(self) -> str | None:
+        """The reused receipt, or the one given to ``complete``; ``None`` before that."""
+        return self._receipt
 
     @property
     def claim(self) -> Claim:
@@ -85,7 +97,7 @@ class Attempt:
         claim = self._own_claim("complete")
         self.view = await self._journal.complete(claim, receipt, result=result)
         self.settled = True
-        self.receipt = receipt
+        self._receipt = receipt
         self.result = result
         return self.view
 
@@ -96,6 +108,30 @@ class Attempt:
         self.view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
         self.settled = True
         return self.view
+
+
+class ReusedAttempt(Attempt):
+    """The item succeeded before: ``receipt`` is its receipt, and nothing is claimed."""
+
+    def __init__(self, journal: ClaimJournal, outcome: Reuse) -> None:
+        super().__init__(journal, outcome)
+        self._reuse = outcome
+
+    @property
+    def reused(self) -> Literal[True]:
+        return True
+
+    @property
+    def receipt(self) -> str:
+        return self._reuse.receipt
+
+
+class ClaimedAttempt(Attempt):
+    """A fresh claim: do the effect under ``claim.key``, then ``complete`` or ``mark_review``."""
+
+    @property
+    def reused(self) -> Literal[False]:
+        return False
 
 
 class ClaimContext:
@@ -120,7 +156,7 @@ class ClaimContext:
         self._attempt: Attempt | None = None
         self._entered = False
 
-    async def __aenter__(self) -> Attempt:
+    async def __aenter__(self) -> ReusedAttempt | ClaimedAttempt:
         if self._entered:
             raise InvalidArgument(
                 "a claim context can be entered only once", code="INVALID_ARGUMENT"
@@ -129,8 +165,13 @@ class ClaimContext:
         outcome = await self._journal.begin(
             *self._args, wait=self._wait, compatible=self._compatible
         )
-        self._attempt = Attempt(self._journal, outcome)
-        return self._attempt
+        attempt: ReusedAttempt | ClaimedAttempt = (
+            ReusedAttempt(self._journal, outcome)
+            if isinstance(outcome, Reuse)
+            else ClaimedAttempt(self._journal, outcome)
+        )
+        self._attempt = attempt
+        return attempt
 
     async def __aexit__(
         self,
@@ -227,21 +268,55 @@ class ClaimContext:
         raise error
 
 
+# anyio's message on asyncio: "Cancelled via cancel scope <id>[ by <task>][; reason: <r>]".
+_ANYIO_CANCEL = re.compile(
+    r"Cancelled via cancel scope [0-9a-f]+(?: by <.*?>)?(?:; reason: (?P<reason>.*))?", re.DOTALL
+)
+
+
 def _reason(exc: BaseException) -> str:
     """A review reason naming the exception: its type and message, made to fit a note.
 
     An operator must tell "timed out before sending" from "after": the message matters.
+    A cancellation says "block cancelled" and, when its canceller gave one, the reason:
+    the backends' own words carry task reprs and addresses, which tell an operator nothing.
     Lone surrogates are replaced and the text is cut to the note limit, so the record
     always reads back.
     """
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not stop the record being marked
-        message = "(its message cannot be shown)"
-    text = f"block raised {type(exc).__name__}"
-    if message.strip():
-        text = f"{text}: {message}"
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        given = _cancel_reason(exc)
+        text = f"block cancelled: {given}" if given else "block cancelled"
+    else:
+        try:
+            message = str(exc)
+        except Exception:  # a broken __str__ must not stop the record being marked
+            message = "(its message cannot be shown)"
+        text = f"block raised {type(exc).__name__}"
+        if message.strip():
+            text = f"{text}: {message}"
     text = text.encode("utf-8", "replace").decode("utf-8")
     if len(text) > MAX_NOTE_CHARS:
         text = text[: MAX_NOTE_CHARS - 1] + "\u2026"
     return text
+
+
+def _cancel_reason(exc: BaseException) -> str | None:
+    """The reason a cancellation's canceller gave (a passed deadline says so), if any.
+
+    trio's ``Cancelled`` carries it as ``reason`` and ``source``; on asyncio it is the
+    message of ``task.cancel(msg)``, which anyio's cancel scopes fill with their own id and
+    the cancelling task's repr before the reason.
+    """
+    if type(exc).__module__.partition(".")[0] == "trio":
+        reason = getattr(exc, "reason", None)
+        if isinstance(reason, str) and reason.strip():
+            return reason
+        return "deadline exceeded" if getattr(exc, "source", None) == "deadline" else None
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not stop the record being marked
+        return None
+    anyio_words = _ANYIO_CANCEL.fullmatch(message)
+    if anyio_words is not None:
+        message = anyio_words["reason"] or ""
+    return message if message.strip() else None

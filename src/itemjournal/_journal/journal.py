@@ -15,6 +15,7 @@ import functools
 import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import timedelta
+from typing import Literal, Unpack, overload
 
 import anyio
 
@@ -46,7 +47,7 @@ from .arguments import (
 )
 from .claim import ClaimContext
 from .decisions import BeginSteps, complete_step, mark_review_step, resolve_step, view_of
-from .maintenance import INPUT_KIND, Maintenance
+from .maintenance import INPUT_KIND, Filters, Maintenance
 from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 from .reconcile import reconcile_observed
 from .runner import Runner
@@ -327,6 +328,19 @@ class Journal:
 
     # ------------------------------------------------------------------ the whole journal
 
+    @overload
+    def records(
+        self,
+        status: str | None = None,
+        *,
+        problems: Literal[False] = False,
+        **filters: Unpack[Filters],
+    ) -> AsyncGenerator[RecordView, None]: ...
+    @overload
+    def records(
+        self, status: str | None = None, *, problems: bool, **filters: Unpack[Filters]
+    ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]: ...
+
     async def records(
         self,
         status: str | None = None,
@@ -335,15 +349,16 @@ class Journal:
         program: str | None = None,
         job: str | None = None,
         after: str | None = None,
+        problems: bool = False,
     ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]:
         """Stream the journal's records as ``RecordView``s, in key order (``view.key``).
 
         ``status`` and the labels filter; ``after`` (a key) starts after that record, for
-        keyset pagination. A record that cannot be read comes as its ``RecordInvalid``, a
-        part of the store that cannot be read as ``StorageFailed``; neither stops the
-        listing. Reads in batches; nothing beyond one batch is held in memory.
+        keyset pagination. A record (or a part of the store) that cannot be read is left
+        out; with ``problems=True`` it comes as its ``RecordInvalid`` (``StorageFailed``)
+        and the listing goes on. Reads in batches; nothing beyond one is held in memory.
         """
-        listing = self._maintenance.records(status, scope, program, job, after)
+        listing = self._maintenance.records(status, scope, program, job, after, problems=problems)
         async with contextlib.aclosing(listing) as items:
             async for item in items:
                 yield item

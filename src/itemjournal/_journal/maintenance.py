@@ -13,6 +13,7 @@ import contextlib
 import re
 from collections.abc import AsyncGenerator
 from datetime import UTC, datetime, timedelta
+from typing import TypedDict
 
 from .._model.errors import InvalidArgument, JournalError, RecordInvalid, StorageFailed
 from .._model.identity import check_label, identity_digest
@@ -23,7 +24,7 @@ from .arguments import check_after, check_dry_run, check_status
 from .decisions import Liveness, prune_step, sweep_step, view_of
 from .runner import Runner
 
-__all__ = ["INPUT_KIND", "Maintenance"]
+__all__ = ["INPUT_KIND", "Filters", "Maintenance"]
 
 # The location's setting that names how its inputs are fingerprinted (SPEC section 1).
 INPUT_KIND: str = "input_kind"
@@ -34,6 +35,15 @@ _PRUNABLE = ("succeeded", "released")
 # file times): it keeps a record only when it calls it younger by more than that.
 _WITNESS_SLACK = 2.0
 _KEY_IN = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+
+
+class Filters(TypedDict, total=False):
+    """The labels and the key a listing (``Journal.records``) is narrowed by."""
+
+    scope: str | None
+    program: str | None
+    job: str | None
+    after: str | None
 
 
 def _problem_key(problem: JournalError) -> str | None:
@@ -72,7 +82,13 @@ class Maintenance:
         program: str | None,
         job: str | None,
         after: str | None,
+        *,
+        problems: bool = True,
     ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]:
+        """The listing; what cannot be read comes as its error with ``problems``, else
+        is left out."""
+        if not isinstance(problems, bool):
+            raise InvalidArgument("problems must be True or False", code="INVALID_ARGUMENT")
         check_status(status)
         labels = tuple(
             None if value is None else check_label(value, what)
@@ -92,7 +108,7 @@ class Maintenance:
             async for item in items:
                 if isinstance(item, (RecordInvalid, StorageFailed)):
                     key = _problem_key(item)
-                    if after is None or key is None or key > after:
+                    if problems and (after is None or key is None or key > after):
                         for view in await _views(batch, alive):
                             yield view
                         batch.clear()

@@ -55,6 +55,7 @@ class Reconcilable(Protocol):
         program: str | None = None,
         job: str | None = None,
         after: str | None = None,
+        problems: bool,
     ) -> AsyncGenerator[RecordView | RecordInvalid | StorageFailed, None]: ...
 
     async def _resolve(
@@ -255,7 +256,7 @@ async def reconcile(
     async with (
         anyio.create_task_group() as group,
         contextlib.aclosing(
-            journal.records("needs_review", scope=scope, program=program, job=job)
+            journal.records("needs_review", scope=scope, program=program, job=job, problems=True)
         ) as items,
     ):
         async for item in items:

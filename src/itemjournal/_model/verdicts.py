@@ -8,10 +8,10 @@ makes them and the operator's command renders them, and neither needs the other 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TypeAlias
+from typing import Protocol, TypeAlias
 
 from .errors import InvalidArgument, JournalError
 from .records import receipt_problem, result_problem
@@ -97,7 +97,19 @@ class Unknown:
 
 
 Verdict: TypeAlias = Happened | DidNotHappen | Unknown
-Check: TypeAlias = Callable[[RecordView], "Awaitable[Verdict] | Verdict"]
+
+
+class Check(Protocol):
+    """A reconciliation check: asked about one record's view, it answers with a verdict.
+
+    ``journal.reconcile(check)`` takes an ``async def check(view)`` or a plain function
+    (run in a worker thread) returning ``Happened``, ``DidNotHappen`` or ``Unknown``;
+    ``view.key`` is the idempotency key the provider was given.
+    """
+
+    def __call__(self, view: RecordView, /) -> Awaitable[Verdict] | Verdict: ...
+
+
 VERDICTS = (Happened, DidNotHappen, Unknown)
 
 

@@ -68,7 +68,7 @@ def list_command(
         async with (
             _metered(journal, "listing", status, filtered=filtered, limit=limit) as tick,
             contextlib.aclosing(
-                journal.records(status, scope=scope, program=program, job=job)
+                journal.records(status, scope=scope, program=program, job=job, problems=True)
             ) as items,
         ):
             async for item in items:
@@ -241,7 +241,7 @@ def export_command(
         async with (
             _metered(journal, "exporting", status, filtered=filtered) as tick,
             contextlib.aclosing(
-                journal.records(status, scope=scope, program=program, job=job)
+                journal.records(status, scope=scope, program=program, job=job, problems=True)
             ) as items,
         ):
             async for item in items:

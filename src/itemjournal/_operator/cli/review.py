@@ -103,7 +103,7 @@ async def _plan_bulk(
     async with (
         _metered(journal, "scanning", "needs_review", filtered=filtered) as tick,
         contextlib.aclosing(
-            journal.records("needs_review", scope=scope, program=program, job=job)
+            journal.records("needs_review", scope=scope, program=program, job=job, problems=True)
         ) as items,
     ):
         async for item in items:

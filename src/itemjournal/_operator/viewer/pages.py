@@ -271,6 +271,7 @@ class _Viewer:
             program=query.program,
             job=query.job,
             after=query.after,
+            problems=True,
         )
         more = False
         async with contextlib.aclosing(listing) as items:
