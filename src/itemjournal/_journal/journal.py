@@ -11,7 +11,6 @@ reconciliation engine (``reconcile``), to which the methods of those names deleg
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from datetime import timedelta
@@ -31,14 +30,11 @@ from .._model.identity import (
 )
 from .._model.verdicts import Check, ReconcileReport
 from .._model.view import Claim, PruneReport, RecordView, Reuse, SweepReport
-from .._stores.registry import open_store
 from .._stores.seam import Store
-from .._stores.threads import run_in_thread
 from .arguments import (
     check_claim,
     check_definitions,
     check_note,
-    check_open,
     check_receipt,
     check_resolution,
     check_result,
@@ -47,8 +43,9 @@ from .arguments import (
 )
 from .claim import ClaimContext
 from .decisions import BeginSteps, complete_step, mark_review_step, resolve_step, view_of
-from .maintenance import INPUT_KIND, Filters, Maintenance
+from .maintenance import Filters, Maintenance
 from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
+from .opening import locate_store, require_input_kind
 from .reconcile import reconcile_observed
 from .runner import Runner
 from .turns import wait_while_in_progress
@@ -99,24 +96,11 @@ class Journal:
         ``INPUT_KEY_MISMATCH``.
         """
         InputDigester(input_key)  # refuses a bad key before anything touches the disk
-        text, timeout = check_open(location, lock_timeout, trust_shared_root)
-        # A store's module is imported on first use, and imports read files: in a thread.
-        store = await run_in_thread(
-            functools.partial(
-                open_store, text, lock_timeout=timeout, trust_shared_root=trust_shared_root
-            )
-        )
+        store = await locate_store(location, lock_timeout, trust_shared_root)
         journal = cls(store, input_key=input_key)
         try:
             await store.open()
-            kind = journal.input_kind
-            recorded = await store.setting(INPUT_KIND, kind)
-            if recorded != kind:
-                raise ConflictError(
-                    f"{store.location} fingerprints inputs with {recorded!r}, but it was "
-                    f"opened with {kind!r}; open it with the input_key it was created with",
-                    code="INPUT_KEY_MISMATCH",
-                )
+            await require_input_kind(store, journal.input_kind)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await store.aclose()
