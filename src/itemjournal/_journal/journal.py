@@ -28,6 +28,7 @@ from .._model.identity import (
     coerce_identity,
     require_hash,
 )
+from .._model.records import Record
 from .._model.verdicts import Check, ReconcileReport
 from .._model.view import Claim, PruneReport, RecordView, Reuse, SweepReport
 from .._stores.registry import open_store
@@ -43,7 +44,14 @@ from .arguments import (
     check_wait,
 )
 from .claim import ClaimContext
-from .decisions import BeginSteps, complete_step, mark_review_step, resolve_step, view_of
+from .decisions import (
+    BeginSteps,
+    complete_step,
+    mark_review_step,
+    resolve_step,
+    view_of,
+    withdraw_step,
+)
 from .maintenance import INPUT_KIND, Maintenance
 from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 from .reconcile import reconcile_observed
@@ -238,6 +246,27 @@ class Journal:
     ) -> RecordView:
         step = mark_review_step(ident, reason, claim_id, self._store.owner_alive)
         return await self._runner.apply_view("mark_review", ident, step, "marked")
+
+    async def withdraw(self, claim: Claim, reason: str) -> RecordView:
+        """Declare that the claimed effect never started: ``released``, claimable afresh.
+
+        The record becomes ``released`` under the history event ``withdrawn`` with
+        ``reason`` (at most 500 characters) as its note, and the next ``begin`` grants a
+        fresh claim. Like a receipt this is the caller's declaration, taken on trust: use
+        it only where nothing was sent. Keyed like ``complete``: ``CLAIM_MISMATCH`` when
+        the record belongs to another claim, ``NOT_STARTED`` when it left ``started``
+        (a record someone else changed is never withdrawn by force).
+        """
+        check_claim(claim)
+        reason = check_note(reason, "a withdrawal reason")
+        return await self._withdraw(claim, reason)
+
+    async def _withdraw(
+        self, claim: Claim, reason: str, own: list[Record] | None = None
+    ) -> RecordView:
+        ident = coerce_identity(claim.identity)
+        step = withdraw_step(ident, claim, reason, self._store.owner_alive, own)
+        return await self._runner.apply_view("withdraw", ident, step, "withdrawn")
 
     async def resolve(
         self,
