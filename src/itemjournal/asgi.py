@@ -60,16 +60,18 @@ from ._homes.asgi import middleware as _middleware
 from ._homes.asgi import protocol as _protocol
 from ._homes.asgi.keys import DEFINITION, MAX_KEY_CHARS, MalformedKey, parse_key
 from ._homes.asgi.middleware import IdempotencyMiddleware, claim_of
-from ._homes.asgi.responses import REPLAYED_HEADERS
+from ._homes.asgi.responses import RELEASED_STATUSES, REPLAYED_HEADERS, replayable_response
 
 __all__ = [
     "DEFINITION",
     "MAX_KEY_CHARS",
+    "RELEASED_STATUSES",
     "REPLAYED_HEADERS",
     "IdempotencyMiddleware",
     "MalformedKey",
     "claim_of",
     "parse_key",
+    "replayable_response",
 ]
 
 # Not in ``__all__`` but public all the same: the middleware's signature names them, so
