@@ -31,7 +31,7 @@ async def test_withdraw_from_a_once_function_releases_and_the_next_call_runs(
     calls: list[str] = []
     blocked = {"bob"}
 
-    @once(journal, identity=lambda user: ident(user), definition="welcome-v1")
+    @once(journal, identity=ident, definition="welcome-v1")
     async def welcome(user: str) -> str:
         calls.append(user)
         if user in blocked:

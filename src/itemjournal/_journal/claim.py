@@ -3,7 +3,8 @@
 ``ClaimContext`` begins on entry and settles the record on exit: left by an exception or
 a cancellation (anyio's or a bare asyncio ``task.cancel()``), or without ``complete`` or
 ``mark_review``, the record is marked ``needs_review``, shielded, and what happened is
-told as a note on the exception that goes on. ``Attempt`` is what the block holds. They
+told as a note on the exception that goes on; left by a ``Withdraw`` (or from inside
+``attempt.preparing()``, see ``withdrawal``), the claim is withdrawn instead. ``Attempt`` is what the block holds. They
 stand on the journal through the three operations they use (``ClaimJournal``), so the
 journal can make them without either module importing the other.
 """

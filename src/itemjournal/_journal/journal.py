@@ -248,18 +248,12 @@ class Journal:
         return await self._runner.apply_view("mark_review", ident, step, "marked")
 
     async def withdraw(self, claim: Claim, reason: str) -> RecordView:
-        """Declare that the claimed effect never started: ``released``, claimable afresh.
-
-        The record becomes ``released`` under the history event ``withdrawn`` with
-        ``reason`` (at most 500 characters) as its note, and the next ``begin`` grants a
-        fresh claim. Like a receipt this is the caller's declaration, taken on trust: use
-        it only where nothing was sent. Keyed like ``complete``: ``CLAIM_MISMATCH`` when
-        the record belongs to another claim, ``NOT_STARTED`` when it left ``started``
-        (a record someone else changed is never withdrawn by force).
-        """
+        """Declare the claimed effect never started: ``released`` (event ``withdrawn``,
+        ``reason`` its note, at most 500 characters), so the next ``begin`` claims afresh.
+        Like a receipt, the caller's declaration: use it only where nothing was sent. Keyed
+        like ``complete`` (``CLAIM_MISMATCH``, ``NOT_STARTED``): never forced."""
         check_claim(claim)
-        reason = check_note(reason, "a withdrawal reason")
-        return await self._withdraw(claim, reason)
+        return await self._withdraw(claim, check_note(reason, "a withdrawal reason"))
 
     async def _withdraw(
         self, claim: Claim, reason: str, own: list[Record] | None = None

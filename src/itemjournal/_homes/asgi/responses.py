@@ -219,9 +219,9 @@ def replayable_response(
 
     ``body`` is bytes, or a str sent as UTF-8. ``headers`` are names in
     ``REPLAYED_HEADERS`` (any case) with their values, kept in order after
-    ``content-type`` when ``content_type`` is given. The document is the stored format, version 1 (see
-    ``itemjournal.asgi``); ``InvalidArgument`` for a status outside 100-599, a header
-    that is never replayed, or a response over the 64 KiB result limit.
+    ``content-type`` when ``content_type`` is given. The document is the stored format,
+    version 1 (see ``itemjournal.asgi``); ``InvalidArgument`` for a status outside
+    100-599, a header that is never replayed, or a response over the 64 KiB result limit.
     """
     if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
         raise InvalidArgument(
