@@ -160,8 +160,10 @@ async def test_a_cancellation_inside_preparing_withdraws_and_goes_on(journal: Jo
 async def test_fail_after_inside_preparing_withdraws(journal: Journal) -> None:
     identity = ident("prep-timeout")
     with pytest.raises(TimeoutError):
-        with anyio.fail_after(0.05):
+        with anyio.fail_after(30) as deadline:
             async with journal.claim(identity, INPUTS, DEFINITION) as attempt, attempt.preparing():
+                # The deadline is set once the claim is held, so a slow begin cannot meet it.
+                deadline.deadline = anyio.current_time() + 0.05
                 await anyio.sleep_forever()
     await assert_withdrawn(journal, identity, "cancelled while preparing")
 
@@ -183,10 +185,11 @@ async def test_an_exception_after_preparing_needs_review(journal: Journal) -> No
 async def test_a_cancellation_after_preparing_needs_review(journal: Journal) -> None:
     identity = ident("after-prep-cancelled")
     with pytest.raises(TimeoutError):
-        with anyio.fail_after(0.05):
+        with anyio.fail_after(30) as deadline:
             async with journal.claim(identity, INPUTS, DEFINITION) as attempt:
                 async with attempt.preparing():
                     pass
+                deadline.deadline = anyio.current_time() + 0.05
                 await anyio.sleep_forever()  # the charge, in flight
     view = await journal.inspect(identity)
     assert view.status == "needs_review"
