@@ -4,9 +4,10 @@
 a cancellation (anyio's or a bare asyncio ``task.cancel()``), or without ``complete`` or
 ``mark_review``, the record is marked ``needs_review``, shielded, and what happened is
 told as a note on the exception that goes on; left by a ``Withdraw`` (or from inside
-``attempt.preparing()``, see ``withdrawal``), the claim is withdrawn instead. ``Attempt`` is what the block holds. They
-stand on the journal through the three operations they use (``ClaimJournal``), so the
-journal can make them without either module importing the other.
+``attempt.preparing()``, see ``withdrawal``), the claim is withdrawn instead.
+``Attempt`` is what the block holds. They stand on the journal through the operations
+they use (``ClaimJournal``), so the journal can make them without either module
+importing the other.
 """
 
 from __future__ import annotations
