@@ -44,6 +44,7 @@ from ._model.view import PruneReport as PruneReport
 from ._model.view import RecordView as RecordView
 from ._model.view import Reuse as Reuse
 from ._model.view import SweepReport as SweepReport
+from ._model.withdrawal import Withdraw as Withdraw
 from ._stores.fileio import FileSystem as FileSystem
 from ._stores.files.store import FileStore as FileStore
 from ._stores.seam import Step as Step
@@ -83,6 +84,7 @@ __all__ = [
     "SweepReport",
     "Unknown",
     "UnresolvedClaim",
+    "Withdraw",
     "definition_digest",
     "identity_digest",
     "input_digest",

@@ -27,16 +27,62 @@ For each request whose method is in ``methods`` (POST and PATCH by default):
   ``wait=seconds`` the duplicate waits that long for the first to settle.
 * The first response passes through as the application streams it; its last body
   message is held until the journal has recorded the outcome, so a client that has the
-  whole response can never race its own record. A response with status below 500
-  completes the record: the receipt is ``"http <status> sha256:<body digest>"`` and the
-  result is the response (status, the headers in ``REPLAYED_HEADERS`` and the body),
-  replayed to every later duplicate with ``Idempotent-Replayed: true``. ``Set-Cookie``
-  and other per-response headers are never stored nor replayed.
+  whole response can never race its own record. A response with status below 500 is
+  final unless its status is in ``release``: it completes the record, the receipt is
+  ``"http <status> sha256:<body digest>"`` and the result is the response (status, the
+  headers in ``REPLAYED_HEADERS`` and the body), replayed to every later duplicate with
+  ``Idempotent-Replayed: true``. ``Set-Cookie`` and other per-response headers are
+  never stored nor replayed.
+* A response whose status is in ``release`` is not kept: it releases the key (the claim
+  is withdrawn, history event ``withdrawn``, the reason naming the status), and a retry
+  with the same key runs the application again. The default, ``RELEASED_STATUSES``,
+  follows the IETF draft and the practice of payment APIs, which keep a response only
+  once the request began to act: 401 and 403 (not authenticated, not allowed), 408
+  and 425 (timed out, too early), 429 (rate limited), 409 (a conflict with the
+  resource's state) and the validation failures 400 and 422 (422 is what FastAPI and
+  other frameworks answer for a body that does not parse, before any handler runs).
+  They are answers to a request that had no effect yet; kept, a 429 or a 401 would
+  stick to the key for good. Every other status below 500 is final: a 402 (a declined
+  card) is replayed, as is a 404. An application that answers 400, 409 or 422 *after*
+  its effect must pass its own ``release`` (``release=()`` keeps every status below
+  500). ``release`` holds statuses from 100 to 499: a 5xx always needs review.
+* A handler that raises ``itemjournal.Withdraw(reason)`` declares that nothing was sent:
+  the key is released the same way (the reason is the one it gave), and the exception
+  goes on to the server. The client gets the framework's 500 (Starlette's, say), or, from
+  a bare application that sent nothing, a 500 problem ``request-withdrawn`` saying a
+  retry runs the request again. Let the exception reach the middleware: an exception
+  handler that turns it into a 5xx response makes that response need review. Raise it
+  only where nothing was sent.
 * The application finds the journal's claim with ``claim_of(request.scope)``: it passes
   the claim's ``key`` on to the services it calls, as their own idempotency key.
 * A response whose serialised form exceeds the journal's 64 KiB result limit is
   completed but not replayable: a duplicate gets 409 saying so (and so does a record
-  an operator resolved without a response).
+  an operator resolved without a response, or with a result that is not a stored
+  response).
+
+The stored response, version 1, is the record's ``result``: a JSON object
+``{"v": 1, "status": <int>, "headers": [[<name>, <value>], ...], "text": <body>}``, where
+the header names are lowercase and among ``REPLAYED_HEADERS``, and the body is ``text``
+when it is UTF-8 or ``"base64"`` (its bytes in base64) when it is not. A response too
+large to keep is ``{"v": 1, "status": ..., "length": ..., "replayable": false}``. A
+duplicate is answered with that status, those headers in that order, ``content-length``,
+``Idempotent-Replayed: true`` and the body's very bytes. A later format will carry another
+``"v"``; a middleware answers a version it does not know with 409, never misreading it.
+``replayable_response(status, body, headers=..., content_type=...)`` builds this
+document, so that a reconciliation that finds a request's effect happened can settle it
+with the response its client should get::
+
+    async def check(view):
+        charge = await provider.find_charge(idempotency_key=view.key)
+        if charge is None:
+            return Unknown("no charge under this key")
+        body = json.dumps({"order": charge.order, "charge": charge.id})
+        return Happened(charge.id, result=replayable_response(
+            201, body, content_type="application/json"))
+
+    await journal.reconcile(check, scope=...)
+
+The client's next retry with that key gets exactly that response, replayed.
 * A 5xx response, an exception, or an application that ends without a complete
   response leaves the outcome uncertain: the record is marked ``needs_review``. An
   exception before the response started is answered 500 and then re-raised for the
@@ -60,16 +106,18 @@ from ._homes.asgi import middleware as _middleware
 from ._homes.asgi import protocol as _protocol
 from ._homes.asgi.keys import DEFINITION, MAX_KEY_CHARS, MalformedKey, parse_key
 from ._homes.asgi.middleware import IdempotencyMiddleware, claim_of
-from ._homes.asgi.responses import REPLAYED_HEADERS
+from ._homes.asgi.responses import RELEASED_STATUSES, REPLAYED_HEADERS, replayable_response
 
 __all__ = [
     "DEFINITION",
     "MAX_KEY_CHARS",
+    "RELEASED_STATUSES",
     "REPLAYED_HEADERS",
     "IdempotencyMiddleware",
     "MalformedKey",
     "claim_of",
     "parse_key",
+    "replayable_response",
 ]
 
 # Not in ``__all__`` but public all the same: the middleware's signature names them, so

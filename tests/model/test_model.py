@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import pytest
 from _builders import NOW, started_record
+import _builders
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -684,3 +685,100 @@ def test_model_other_inputs_are_refused_before_compatibility_is_asked() -> None:
     other = "b" * 64
     refused = refusal_code(lambda: begin_v4(record_in("succeeded"), frozenset({V3}), other))
     assert refused == "INPUT_CHANGED"
+# ---------------------------------------------------------------------------- withdrawal
+# The state machine's own transition for a claim withdrawn by its caller: started ->
+# released under the event ``withdrawn``, keyed by the claim's id and fingerprints.
+
+
+def _withdrawn_from(current: Any, **changes: str) -> Any:
+    from itemjournal._model import machine
+
+    request = {
+        "claim_id": "b" * 32,
+        "input_hash": "a" * 64,
+        "definition_hash": _builders.DEFINITION,
+        "reason": "validation failed: amount is negative",
+        "now": "2026-11-30T00:00:01.000000+00:00",
+    }
+    request.update(changes)
+    return machine.withdraw(current, **request)
+
+
+def test_machine_withdraw_releases_a_started_record_under_the_withdrawn_event() -> None:
+    started = _builders.started_record(IDENTITIES[0])
+    released = _withdrawn_from(started)
+    assert released.status == "released"
+    assert released.claim_id == started.claim_id
+    assert released.attempt == started.attempt
+    assert released.receipt is None and released.review_reason is None
+    assert released.updated_at == "2026-11-30T00:00:01.000000+00:00"
+    assert released.history[:-1] == started.history
+    last = released.history[-1]
+    assert (last.event, last.status, last.attempt) == ("withdrawn", "released", 1)
+    assert last.note == "validation failed: amount is negative"
+
+
+def test_machine_withdraw_refuses_another_claim_or_other_fingerprints() -> None:
+    started = _builders.started_record(IDENTITIES[0])
+    for changes in (
+        {"claim_id": "c" * 32},
+        {"input_hash": "d" * 64},
+        {"definition_hash": "e" * 64},
+    ):
+        try:
+            _withdrawn_from(started, **changes)
+        except ConflictError as refusal:
+            assert refusal.code == "CLAIM_MISMATCH"
+        else:
+            raise AssertionError(f"withdrawn with {changes}")
+    try:
+        _withdrawn_from(None)
+    except ConflictError as refusal:
+        assert refusal.code == "CLAIM_MISMATCH"
+    else:
+        raise AssertionError("an absent record was withdrawn")
+
+
+def test_machine_withdraw_refuses_a_record_that_left_started() -> None:
+    from itemjournal._model import machine
+
+    started = _builders.started_record(IDENTITIES[0])
+    swept = machine.sweep(started, owner_gone="owner process gone", now=_builders.NOW)
+    assert swept is not None
+    done = machine.complete(
+        started,
+        claim_id=started.claim_id,
+        input_hash=started.input_hash,
+        definition_hash=started.definition_hash,
+        receipt="ch_1",
+        now=_builders.NOW,
+    )
+    withdrawn = _withdrawn_from(started)
+    for moved in (swept, done, withdrawn):
+        try:
+            _withdrawn_from(moved)
+        except ConflictError as refusal:
+            assert refusal.code == "NOT_STARTED"
+        else:
+            raise AssertionError(f"a {moved.status} record was withdrawn")
+
+
+def test_a_withdrawn_record_reads_back_and_its_identity_is_claimed_afresh() -> None:
+    from itemjournal._model import codec, machine
+
+    started = _builders.started_record(IDENTITIES[0])
+    withdrawn = _withdrawn_from(started)
+    assert codec.decode_record(codec.encode_record(withdrawn), IDENTITIES[0]) == withdrawn
+    again = machine.begin(
+        withdrawn,
+        identity=IDENTITIES[0],
+        input_kind="sha256",
+        input_hash="f" * 64,  # a released record's next attempt carries its own fingerprints
+        definition_hash=_builders.DEFINITION,
+        claim_id="9" * 32,
+        owner=started.owner,  # type: ignore[arg-type]
+        now="2026-11-30T00:00:02.000000+00:00",
+    )
+    assert again is not None
+    assert (again.status, again.attempt, again.claim_id) == ("started", 2, "9" * 32)
+    assert [event.event for event in again.history] == ["begin", "withdrawn", "begin"]

@@ -69,31 +69,46 @@ class EachReport(Generic[T]):
       item at entry (``REVIEW_REQUIRED``, ``IN_PROGRESS``, ``INPUT_CHANGED``,
       ``DEFINITION_CHANGED``, ``RECORD_INVALID``, ``STORAGE_FAILED``...) or its
       identity or inputs could not be made.
+    - ``withdrawn``: ``fn`` raised ``Withdraw`` (it declared nothing was sent): the
+      claim was withdrawn, the record is ``released`` (``view``) and the next run calls
+      ``fn`` for the item again. ``counts()`` and ``summary()`` name this list only
+      when it holds an item.
     """
 
     succeeded: tuple[EachDone[T], ...] = ()
     reused: tuple[EachDone[T], ...] = ()
     failed: tuple[EachFailure[T], ...] = ()
     refused: tuple[EachFailure[T], ...] = ()
+    withdrawn: tuple[EachFailure[T], ...] = ()
 
     @property
     def total(self) -> int:
         """How many items were taken from the source."""
-        return len(self.succeeded) + len(self.reused) + len(self.failed) + len(self.refused)
+        return (
+            len(self.succeeded)
+            + len(self.reused)
+            + len(self.failed)
+            + len(self.refused)
+            + len(self.withdrawn)
+        )
 
     @property
     def ok(self) -> bool:
         """True when every item succeeded, here or before."""
-        return not self.failed and not self.refused
+        return not self.failed and not self.refused and not self.withdrawn
 
     def counts(self) -> dict[str, int]:
-        """``{"succeeded": n, "reused": n, "failed": n, "refused": n}``."""
-        return {
+        """``{"succeeded": n, "reused": n, "failed": n, "refused": n}``, and
+        ``"withdrawn": n`` when an item was withdrawn."""
+        counts = {
             "succeeded": len(self.succeeded),
             "reused": len(self.reused),
             "failed": len(self.failed),
             "refused": len(self.refused),
         }
+        if self.withdrawn:
+            counts["withdrawn"] = len(self.withdrawn)
+        return counts
 
     def summary(self) -> str:
         """One line for a log: ``20 items: 17 succeeded, 0 reused, 3 failed, 0 refused``."""
@@ -101,7 +116,7 @@ class EachReport(Generic[T]):
         return f"{self.total} item{'' if self.total == 1 else 's'}: {parts}"
 
 
-_Kind = Literal["succeeded", "reused", "failed", "refused"]
+_Kind = Literal["succeeded", "reused", "failed", "refused", "withdrawn"]
 
 
 async def run_each(
@@ -149,7 +164,8 @@ async def run_each(
 
     One item's exception never cancels another item: it is caught for that item only
     (the claim block has marked its record ``needs_review``, the reason naming the
-    exception) and collected in the report, as are the journal's refusals. See
+    exception; or, for a ``Withdraw``, withdrawn the claim) and collected in the report,
+    as are the journal's refusals. See
     ``EachReport`` for which list an item lands in. ``wait`` is passed to each claim
     (seconds to wait for an item in progress elsewhere); an identity that comes twice in
     one run is, the second time, reused, refused ``IN_PROGRESS``, or waited for.
@@ -249,6 +265,7 @@ async def run_each(
         "reused": [],
         "failed": [],
         "refused": [],
+        "withdrawn": [],
     }
     for _, kind, entry in finished:
         lists[kind].append(entry)
@@ -257,6 +274,7 @@ async def run_each(
         reused=tuple(_done(entry) for entry in lists["reused"]),
         failed=tuple(_failure(entry) for entry in lists["failed"]),
         refused=tuple(_failure(entry) for entry in lists["refused"]),
+        withdrawn=tuple(_failure(entry) for entry in lists["withdrawn"]),
     )
     if source_error is not None:
         source_error.add_note(
@@ -307,7 +325,19 @@ async def _one(
         if claimed is None:  # refused at entry: nothing was claimed
             view = error.view if isinstance(error, ConflictError) else None
             return "refused", EachFailure(item, ident, error, view)
+        if _withdrawn(claimed.view):
+            return "withdrawn", EachFailure(item, ident, error, claimed.view)
         return "failed", EachFailure(item, ident, error, claimed.view)
+
+
+def _withdrawn(view: RecordView | None) -> bool:
+    """Whether this run's claim ended withdrawn (its ``fn`` raised ``Withdraw``)."""
+    return (
+        view is not None
+        and view.status == "released"
+        and bool(view.history)
+        and view.history[-1].event == "withdrawn"
+    )
 
 
 def _done(entry: EachDone[T] | EachFailure[T]) -> EachDone[T]:

@@ -3,11 +3,13 @@
 ``ClaimContext`` begins on entry and settles the record on exit: left by an exception or
 a cancellation (anyio's or a bare asyncio ``task.cancel()``), or without ``complete`` or
 ``mark_review``, the record is marked ``needs_review``, shielded, and what happened is
-told as a note on the exception that goes on. ``Attempt`` is what the block holds: a
-``ReusedAttempt`` or a ``ClaimedAttempt``, told apart by ``reused`` (``Literal[True]`` or
-``Literal[False]``), so ``if attempt.reused:`` narrows it for a type checker. They
-stand on the journal through the three operations they use (``ClaimJournal``), so the
-journal can make them without either module importing the other.
+told as a note on the exception that goes on; left by a ``Withdraw`` (or from inside
+``attempt.preparing()``, see ``withdrawal``), the claim is withdrawn instead.
+``Attempt`` is what the block holds: a ``ReusedAttempt`` or a ``ClaimedAttempt``, told
+apart by ``reused`` (``Literal[True]`` or ``Literal[False]``), so ``if attempt.reused:``
+narrows it for a type checker. They stand on the journal through the operations they use
+(``ClaimJournal``), so the journal can make them without either module importing the
+other.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from .._model.errors import InvalidArgument
 from .._model.identity import DefinitionLike, Identity, IdentityLike, InputValue, coerce_identity
 from .._model.records import MAX_NOTE_CHARS, Record, utc_now
 from .._model.view import Claim, RecordView, Reuse
+from .._model.withdrawal import Withdraw, fit_note
 from .._stores.seam import Step
 from .arguments import check_note
 from .decisions import refusing, view_of
 from .runner import Runner, to_the_end
+from .withdrawal import NOT_YET, Preparing, withdraw_on_exit
 
 __all__ = ["Attempt", "ClaimContext", "ClaimJournal", "ClaimedAttempt", "ReusedAttempt"]
 
@@ -55,6 +59,10 @@ class ClaimJournal(Protocol):
         self, ident: Identity, reason: str | None, claim_id: str | None
     ) -> RecordView: ...
 
+    async def _withdraw(
+        self, claim: Claim, reason: str, own: list[Record] | None = None
+    ) -> RecordView: ...
+
 
 class Attempt:
     """What ``journal.claim()`` yields: a ``ClaimedAttempt`` (a fresh claim) or a
@@ -69,6 +77,7 @@ class Attempt:
         self.result: str | None = outcome.result if isinstance(outcome, Reuse) else None
         self.settled = isinstance(outcome, Reuse)
         self.view: RecordView | None = None
+        self._preparing = NOT_YET  # where the block stands with ``preparing()``
 
     @property
     def reused(self) -> bool:
@@ -108,6 +117,27 @@ class Attempt:
         self.view = await self._journal._mark_review(claim.identity, reason, claim.claim_id)
         self.settled = True
         return self.view
+
+    async def withdraw(self, reason: str) -> RecordView:
+        """Declare that this attempt's effect never started (see ``Journal.withdraw``):
+        the record becomes ``released``, and the next ``begin`` grants a fresh claim."""
+        claim = self._own_claim("withdraw")
+        reason = check_note(reason, "a withdrawal reason")
+        self.view = await self._journal._withdraw(claim, reason)
+        self.settled = True
+        return self.view
+
+    def preparing(self) -> Preparing:
+        """``async with attempt.preparing():`` marks code that has not touched the outside
+        world yet (loading, validating, a read-only call).
+
+        An exception raised inside it, or a cancellation that lands inside it, withdraws
+        the claim (written shielded from cancellation) and goes on; everything after it
+        is the effect, whose failure needs review. It comes once per attempt, not nested,
+        before ``complete`` or ``mark_review``; otherwise ``InvalidArgument``
+        (``INVALID_ARGUMENT``; ``INVALID_CLAIM`` on a reused attempt).
+        """
+        return Preparing(self, self._journal)
 
 
 class ReusedAttempt(Attempt):
@@ -182,6 +212,8 @@ class ClaimContext:
         attempt = self._attempt
         if attempt is None or attempt.settled or attempt.reused:
             return False
+        if isinstance(exc, Withdraw):  # the caller declares nothing was sent
+            return await withdraw_on_exit(self._journal, attempt, exc, fit_note(exc.reason))
         claim = attempt.claim
         ident = coerce_identity(claim.identity)
         reason = "block ended without complete or mark_review" if exc is None else _reason(exc)

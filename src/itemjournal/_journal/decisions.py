@@ -33,6 +33,7 @@ __all__ = [
     "same",
     "sweep_step",
     "view_of",
+    "withdraw_step",
 ]
 
 T = TypeVar("T")
@@ -187,6 +188,43 @@ def mark_review_step(
             alive,
             lambda: machine.mark_review(current, reason=reason, claim_id=claim_id, now=utc_now()),
         )
+        return Step(new, view_of(identity, new, alive))
+
+    return step
+
+
+def withdraw_step(
+    identity: Identity,
+    claim: Claim,
+    reason: str,
+    alive: Liveness,
+    own: list[Record] | None = None,
+) -> Callable[[Record | None], Step[RecordView]]:
+    """The claim's record ``released`` under ``withdrawn``, unless someone changed it.
+
+    With ``own``, the records this withdrawal wrote are kept there, and a record found
+    again that is one of them counts as withdrawn: a try cut short by a native
+    cancellation may have written already, and its retry must not be refused for it.
+    """
+
+    def step(current: Record | None) -> Step[RecordView]:
+        if own is not None and current is not None and current in own:
+            return Step(None, view_of(identity, current, alive))
+        new = refusing(
+            identity,
+            current,
+            alive,
+            lambda: machine.withdraw(
+                current,
+                claim_id=claim.claim_id,
+                input_hash=claim.input_hash,
+                definition_hash=claim.definition_hash,
+                reason=reason,
+                now=utc_now(),
+            ),
+        )
+        if own is not None:
+            own.append(new)
         return Step(new, view_of(identity, new, alive))
 
     return step

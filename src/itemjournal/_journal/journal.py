@@ -28,6 +28,7 @@ from .._model.identity import (
     InputValue,
     coerce_identity,
 )
+from .._model.records import Record
 from .._model.verdicts import Check, ReconcileReport
 from .._model.view import Claim, PruneReport, RecordView, Reuse, SweepReport
 from .._stores.seam import Store
@@ -42,7 +43,14 @@ from .arguments import (
     definition_hashes,
 )
 from .claim import ClaimContext
-from .decisions import BeginSteps, complete_step, mark_review_step, resolve_step, view_of
+from .decisions import (
+    BeginSteps,
+    complete_step,
+    mark_review_step,
+    resolve_step,
+    view_of,
+    withdraw_step,
+)
 from .maintenance import Filters, Maintenance
 from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 from .opening import locate_store, require_input_kind
@@ -234,6 +242,21 @@ class Journal:
     ) -> RecordView:
         step = mark_review_step(ident, reason, claim_id, self._store.owner_alive)
         return await self._runner.apply_view("mark_review", ident, step, "marked")
+
+    async def withdraw(self, claim: Claim, reason: str) -> RecordView:
+        """Declare the claimed effect never started: ``released`` (event ``withdrawn``,
+        ``reason`` its note, at most 500 characters), so the next ``begin`` claims afresh.
+        Like a receipt, the caller's declaration: use it only where nothing was sent. Keyed
+        like ``complete`` (``CLAIM_MISMATCH``, ``NOT_STARTED``): never forced."""
+        check_claim(claim)
+        return await self._withdraw(claim, check_note(reason, "a withdrawal reason"))
+
+    async def _withdraw(
+        self, claim: Claim, reason: str, own: list[Record] | None = None
+    ) -> RecordView:
+        ident = coerce_identity(claim.identity)
+        step = withdraw_step(ident, claim, reason, self._store.owner_alive, own)
+        return await self._runner.apply_view("withdraw", ident, step, "withdrawn")
 
     async def resolve(
         self,

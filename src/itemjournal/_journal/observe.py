@@ -41,6 +41,7 @@ _WRITES: dict[str, tuple[str, int]] = {
     "sweep": ("swept", WARNING),
     "prune": ("pruned", DEBUG),
     "undo": ("withdrawn", DEBUG),
+    "withdraw": ("withdrawn", INFO),
 }
 # A begin that finds the owner of a started record gone marks it, exactly as a sweep.
 _OWNER_GONE = ("owner_gone", WARNING)
@@ -68,6 +69,8 @@ class JournalStatistics:
     - ``reviews``: records this journal marked ``needs_review``, by any path
       (``mark_review``, a claim block's exit, ``sweep``, ``begin`` finding a dead owner).
     - ``resolutions``: records resolved (``resolve``, ``reconcile``).
+    - ``withdrawals``: claims withdrawn by their caller (``Withdraw``, ``preparing()``,
+      ``withdraw``): released, their effect declared never started.
     - ``pruned``: records removed by ``prune``.
     - ``refusals``: ``begin`` calls answered with a ``ConflictError`` (``IN_PROGRESS``,
       ``REVIEW_REQUIRED``, ``INPUT_CHANGED``...; a ``begin`` with ``wait=`` counts once).
@@ -85,6 +88,7 @@ class JournalStatistics:
     refusals: int = 0
     storage_failures: int = 0
     in_flight: int = 0
+    withdrawals: int = 0
 
 
 class Observer:
@@ -100,6 +104,7 @@ class Observer:
         "reuses",
         "reviews",
         "storage_failures",
+        "withdrawals",
     )
 
     def __init__(self) -> None:
@@ -111,6 +116,7 @@ class Observer:
         self.pruned = 0
         self.refusals = 0
         self.storage_failures = 0
+        self.withdrawals = 0
         # Identities whose claim this journal wrote and has not yet seen leave started.
         self.open_claims: set[Identity] = set()
 
@@ -125,6 +131,7 @@ class Observer:
             refusals=self.refusals,
             storage_failures=self.storage_failures,
             in_flight=len(self.open_claims),
+            withdrawals=self.withdrawals,
         )
 
     def wrote(
@@ -160,6 +167,8 @@ class Observer:
             self.resolutions += 1
         elif operation == "prune":
             self.pruned += 1
+        elif operation == "withdraw":
+            self.withdrawals += 1
         if not logger.isEnabledFor(level):
             return
         shown = after if after is not None else before
@@ -176,7 +185,7 @@ class Observer:
         }
         if status == "needs_review" and after is not None:
             fields["itemjournal_reason"] = after.review_reason
-        if operation == "resolve" and after is not None and after.history:
+        if operation in ("resolve", "withdraw") and after is not None and after.history:
             fields["itemjournal_note"] = after.history[-1].note
         if level == DEBUG and after is not None and after.receipt is not None:
             fields["itemjournal_receipt"] = after.receipt

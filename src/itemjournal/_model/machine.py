@@ -12,7 +12,7 @@ from .conflicts import ConflictError
 from .identity import Identity
 from .records import Owner, Record
 
-__all__ = ["begin", "complete", "mark_review", "refusal_after", "resolve", "sweep"]
+__all__ = ["begin", "complete", "mark_review", "refusal_after", "resolve", "sweep", "withdraw"]
 
 
 def begin(
@@ -168,3 +168,29 @@ def sweep(current: Record | None, *, owner_gone: str | None, now: str) -> Record
         return None
     reason = owner_gone
     return current.advance("sweep", "needs_review", now, reason, review_reason=reason)
+
+
+def withdraw(
+    current: Record | None,
+    *,
+    claim_id: str,
+    input_hash: str,
+    definition_hash: str,
+    reason: str,
+    now: str,
+) -> Record:
+    """The caller declares its claim's effect never started: ``released`` under the event
+    ``withdrawn``, so the next ``begin`` grants a fresh claim.
+
+    Keyed like ``complete``: only the very claim that owns a ``started`` record may
+    withdraw it. A record someone else changed meanwhile is refused, never forced.
+    """
+    if current is None or (current.claim_id, current.input_hash, current.definition_hash) != (
+        claim_id,
+        input_hash,
+        definition_hash,
+    ):
+        raise ConflictError("the claim does not own this record", code="CLAIM_MISMATCH")
+    if current.status != "started":
+        raise ConflictError(f"the record is {current.status}, not started", code="NOT_STARTED")
+    return current.advance("withdrawn", "released", now, reason)

@@ -41,7 +41,7 @@ HISTORY_LIMIT = 32
 MAX_RECEIPT_CHARS = 200
 MAX_NOTE_CHARS = 500
 STATUSES = ("started", "succeeded", "needs_review", "released")
-EVENTS = ("begin", "complete", "mark_review", "resolve", "sweep")
+EVENTS = ("begin", "complete", "mark_review", "resolve", "sweep", "withdrawn")
 
 # An owner process (see _owner): "<boot id>:<pid-namespace inode>:<time-namespace inode>:
 # <start ticks>"; before time namespaces were recorded, "<boot id>:<pid ns>:<ticks>"; an

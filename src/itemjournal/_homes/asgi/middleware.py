@@ -17,7 +17,8 @@ import anyio
 from ..._journal.journal import Journal
 from ..._model.errors import InvalidArgument, JournalError
 from ..._model.identity import Identity
-from ..._model.view import Claim
+from ..._model.view import Claim, RecordView
+from ..._model.withdrawal import Withdraw
 from .keys import (
     DEFINITION,
     LABEL,
@@ -27,9 +28,9 @@ from .keys import (
     request_identity,
     request_inputs,
 )
-from .problems import Answer, internal_error, refusal, unavailable
+from .problems import Answer, internal_error, refusal, unavailable, withdrawn_error
 from .protocol import ASGIApp, Message, Receive, Scope, ScopeFunction, Send, logger
-from .responses import Recorder, replay
+from .responses import RELEASED_STATUSES, Recorder, check_release, replay
 
 __all__ = ["DEFAULT_MAX_BODY", "IdempotencyMiddleware", "claim_of"]
 
@@ -80,6 +81,7 @@ class IdempotencyMiddleware:
         required: bool | Callable[[Scope], bool] = True,
         wait: float | None = None,
         max_body: int = DEFAULT_MAX_BODY,
+        release: Iterable[int] = RELEASED_STATUSES,
     ) -> None:
         if (location is None) == (journal is None):
             raise InvalidArgument(
@@ -112,6 +114,8 @@ class IdempotencyMiddleware:
         self._required = required
         self._wait = wait
         self._max_body = max_body
+        # Statuses below 500 whose response releases the key instead of being kept.
+        self._release = check_release(release)
         self._opening: anyio.Lock | None = None
 
     @property
@@ -215,7 +219,7 @@ class IdempotencyMiddleware:
                 if attempt.reused:
                     await replay(send, attempt.result, attempt.receipt)
                     return
-                recorder = Recorder(send, attempt)
+                recorder = Recorder(send, attempt, self._release)
                 app_scope[_CLAIM_SCOPE_KEY] = attempt.claim
                 await self.app(app_scope, _replaying(body, receive), recorder.send)
                 if not recorder.started:
@@ -233,6 +237,12 @@ class IdempotencyMiddleware:
                 raise
             await refusal(error).send(send)
             return
+        except Withdraw:
+            # The application declared nothing was sent; the claim block withdrew the
+            # claim (or found the record changed, and left it: then it is not free).
+            view = None if recorder is None else recorder.attempt.view
+            await _after_failure(send, recorder, withdrawn=view is not None and _released(view))
+            raise
         except Exception:
             await _after_failure(send, recorder)
             raise
@@ -321,14 +331,23 @@ class _Gone:
     """The client disconnected before its request body arrived: nothing to answer."""
 
 
-async def _after_failure(send: Send, recorder: Recorder | None) -> None:
+def _released(view: RecordView) -> bool:
+    """Whether the request's record was just withdrawn: the key is free for a retry."""
+    return (
+        view.status == "released" and bool(view.history) and view.history[-1].event == "withdrawn"
+    )
+
+
+async def _after_failure(send: Send, recorder: Recorder | None, *, withdrawn: bool = False) -> None:
     """The application raised: answer what the client has not been answered yet.
 
     The application's exception is what goes on to the server: a client that left
     meanwhile must not replace it with an error of its own.
     """
     try:
-        if recorder is None or not recorder.started:
+        if withdrawn and (recorder is None or not recorder.started):
+            await withdrawn_error(send)
+        elif recorder is None or not recorder.started:
             await internal_error(send)
         elif recorder.held is not None:
             await send(recorder.held)

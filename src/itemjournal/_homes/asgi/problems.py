@@ -14,7 +14,14 @@ from ..._model.conflicts import ConflictError
 from ..._model.errors import JournalError
 from .protocol import Send, logger
 
-__all__ = ["Answer", "internal_error", "refusal", "send_problem", "unavailable"]
+__all__ = [
+    "Answer",
+    "internal_error",
+    "refusal",
+    "send_problem",
+    "unavailable",
+    "withdrawn_error",
+]
 
 _PROBLEM = "urn:itemjournal:problem:"
 
@@ -138,4 +145,17 @@ async def internal_error(send: Send) -> None:
         "Internal Server Error",
         "the request failed and its outcome is uncertain; the request with this "
         "Idempotency-Key needs review and will not run again until an operator resolves it",
+    )
+
+
+async def withdrawn_error(send: Send) -> None:
+    """The 500 after an application raised ``Withdraw``: it failed, but it declared that
+    nothing was sent, so its key was released and a retry runs the request again."""
+    await send_problem(
+        send,
+        500,
+        "request-withdrawn",
+        "Request failed before any effect",
+        "the request failed before it had any effect; its Idempotency-Key was released, "
+        "and a retry with the same key runs it again",
     )

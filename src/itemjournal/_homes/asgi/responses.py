@@ -4,6 +4,9 @@ as a small JSON document in the record's result, and replayed to later duplicate
 The stored form is versioned (``"v"``) so that a record written by an older middleware is
 either replayed or refused, never misread. Only the headers in ``REPLAYED_HEADERS`` are
 kept: ``Set-Cookie`` and other per-response headers must never reach another client.
+``replayable_response`` builds the same document, for a reconciliation that settles a
+request with the response its client should get. Which statuses are kept and which
+release the key (``RELEASED_STATUSES`` by default) is the middleware's ``release=``.
 """
 
 from __future__ import annotations
@@ -11,14 +14,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..._journal.claim import Attempt
-from ..._model.records import MAX_RESULT_BYTES
+from ..._model.errors import InvalidArgument
+from ..._model.records import MAX_RESULT_BYTES, result_problem
 from .problems import send_problem
 from .protocol import Message, Send
 
-__all__ = ["REPLAYED_HEADERS", "Recorder", "replay"]
+__all__ = [
+    "RELEASED_STATUSES",
+    "REPLAYED_HEADERS",
+    "Recorder",
+    "check_release",
+    "replay",
+    "replayable_response",
+]
 
 # Response headers stored with the response and replayed; nothing else is kept.
 REPLAYED_HEADERS = frozenset(
@@ -37,6 +49,32 @@ REPLAYED_HEADERS = frozenset(
     }
 )
 _RESULT_VERSION = 1
+
+# Responses that release the key instead of being kept, by default: the client may retry
+# them with the same key. A request refused before it had any effect: not authenticated
+# (401), not allowed (403), timed out or too early (408, 425), rate limited (429), in
+# conflict with the resource's state (409), or failing validation (400, and 422 as
+# frameworks answer a body that does not parse). Every other status below 500 is final
+# and replayed (a 402 "card declined" among them); a 5xx needs review.
+RELEASED_STATUSES = frozenset({400, 401, 403, 408, 409, 422, 425, 429})
+
+
+def check_release(statuses: Iterable[int]) -> frozenset[int]:
+    """The middleware's ``release=``: statuses from 100 to 499 (a 5xx needs review)."""
+    if isinstance(statuses, (str, bytes)) or not isinstance(statuses, Iterable):
+        raise InvalidArgument(
+            f"release is a collection of HTTP statuses, not {type(statuses).__name__}",
+            code="INVALID_ARGUMENT",
+        )
+    chosen = frozenset(statuses)
+    for status in chosen:
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 499:
+            raise InvalidArgument(
+                f"release holds statuses from 100 to 499, not {status!r}: a 5xx response "
+                "leaves the outcome uncertain and always needs review",
+                code="INVALID_ARGUMENT",
+            )
+    return chosen
 
 
 def _serialise(status: int, headers: list[tuple[str, str]], body: bytes) -> str:
@@ -57,9 +95,12 @@ def _too_large(status: int, length: int) -> str:
 class Recorder:
     """Passes the application's response on while keeping what the journal needs."""
 
-    def __init__(self, send: Send, attempt: Attempt) -> None:
+    def __init__(
+        self, send: Send, attempt: Attempt, release: frozenset[int] = RELEASED_STATUSES
+    ) -> None:
         self._send = send
-        self._attempt = attempt
+        self.attempt = attempt
+        self._release = release
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.started = False
@@ -95,7 +136,13 @@ class Recorder:
             if self.status >= 500:  # uncertain: marked for review once the app is done
                 self.held = message
                 return
-            await self._attempt.complete(self.receipt(), self.result())
+            if self.status in self._release:  # refused before any effect: retry allowed
+                await self.attempt.withdraw(
+                    f"the application answered {self.status}, a status that releases "
+                    "the key for a retry"
+                )
+            else:
+                await self.attempt.complete(self.receipt(), self.result())
             await self._send(message)
         else:
             await self._send(message)
@@ -153,3 +200,63 @@ async def replay(send: Send, result: str | None, receipt: str | None) -> None:
     headers.append((b"idempotent-replayed", b"true"))
     await send({"type": "http.response.start", "status": int(stored["status"]), "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def replayable_response(
+    status: int,
+    body: bytes | str = b"",
+    *,
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    content_type: str | None = None,
+) -> str:
+    """The stored form of a response, as the middleware keeps it, for ``result=``.
+
+    A reconciliation that finds a request's effect happened settles it with the response
+    its client should get: ``Happened(receipt, result=replayable_response(201, body,
+    content_type="application/json"))``. The client's next retry with that key is then
+    answered with exactly this status, these headers and these bytes (and
+    ``Idempotent-Replayed: true``), as if the first request had answered it.
+
+    ``body`` is bytes, or a str sent as UTF-8. ``headers`` are names in
+    ``REPLAYED_HEADERS`` (any case) with their values, kept in order after
+    ``content-type`` when ``content_type`` is given. The document is the stored format,
+    version 1 (see ``itemjournal.asgi``); ``InvalidArgument`` for a status outside
+    100-599, a header that is never replayed, or a response over the 64 KiB result limit.
+    """
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        raise InvalidArgument(
+            f"status is an HTTP status from 100 to 599, not {status!r}", code="INVALID_ARGUMENT"
+        )
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not isinstance(body, bytes):
+        raise InvalidArgument(
+            f"body is bytes or a str, not {type(body).__name__}", code="INVALID_ARGUMENT"
+        )
+    pairs = [] if content_type is None else [("content-type", content_type)]
+    pairs.extend(headers.items() if isinstance(headers, Mapping) else headers)
+    kept: list[tuple[str, str]] = []
+    for pair in pairs:
+        name, value = pair
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidArgument(
+                f"a header is a (name, value) pair of str, not {pair!r}", code="INVALID_ARGUMENT"
+            )
+        if name.lower() not in REPLAYED_HEADERS:
+            raise InvalidArgument(
+                f"the header {name!r} is never replayed; replayed are: "
+                + ", ".join(sorted(REPLAYED_HEADERS)),
+                code="INVALID_ARGUMENT",
+            )
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise InvalidArgument(
+                f"the value of the header {name!r} is not latin-1", code="INVALID_ARGUMENT"
+            ) from None
+        kept.append((name.lower(), value))
+    stored = _serialise(status, kept, body)
+    problem = result_problem(stored)
+    if problem is not None:
+        raise InvalidArgument(f"the response cannot be stored: {problem}", code="INVALID_ARGUMENT")
+    return stored
