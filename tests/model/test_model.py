@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import _builders
 import pytest
 from _builders import NOW, started_record
-import _builders
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -685,6 +685,8 @@ def test_model_other_inputs_are_refused_before_compatibility_is_asked() -> None:
     other = "b" * 64
     refused = refusal_code(lambda: begin_v4(record_in("succeeded"), frozenset({V3}), other))
     assert refused == "INPUT_CHANGED"
+
+
 # ---------------------------------------------------------------------------- withdrawal
 # The state machine's own transition for a claim withdrawn by its caller: started ->
 # released under the event ``withdrawn``, keyed by the claim's id and fingerprints.

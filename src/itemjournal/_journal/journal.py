@@ -48,7 +48,6 @@ from .decisions import (
     complete_step,
     mark_review_step,
     resolve_step,
-    view_of,
     withdraw_step,
 )
 from .maintenance import Filters, Maintenance
@@ -244,10 +243,8 @@ class Journal:
         return await self._runner.apply_view("mark_review", ident, step, "marked")
 
     async def withdraw(self, claim: Claim, reason: str) -> RecordView:
-        """Declare the claimed effect never started: ``released`` (event ``withdrawn``,
-        ``reason`` its note, at most 500 characters), so the next ``begin`` claims afresh.
-        Like a receipt, the caller's declaration: use it only where nothing was sent. Keyed
-        like ``complete`` (``CLAIM_MISMATCH``, ``NOT_STARTED``): never forced."""
+        """Declare the effect never started (only where nothing was sent): ``released``,
+        event ``withdrawn``; keyed like ``complete``, never forced (see ``Withdraw``)."""
         check_claim(claim)
         return await self._withdraw(claim, check_note(reason, "a withdrawal reason"))
 
@@ -298,18 +295,7 @@ class Journal:
 
     async def inspect(self, identity: IdentityLike) -> RecordView:
         """The record as it is now (``status == "absent"`` when there is none)."""
-        ident = coerce_identity(identity)
-        alive = self._store.owner_alive
-        with self._span("inspect", ident) as span:
-            try:
-                view = await self._store.peek(ident, lambda record: view_of(ident, record, alive))
-            except StorageFailed as failure:
-                self._observer.failed("inspect", ident, failure)
-                raise
-            span.set("outcome", "absent" if view.status == "absent" else "found")
-            span.set("status", view.status)
-            span.set("attempt", view.attempt)
-            return view
+        return await self._runner.inspect(coerce_identity(identity))
 
     def claim(
         self,

@@ -22,7 +22,7 @@ from .._model.identity import Identity
 from .._model.records import Record
 from .._model.view import Claim, RecordView, Reuse
 from .._stores.seam import Step, Store
-from .decisions import BeginSteps
+from .decisions import BeginSteps, view_of
 from .observe import Observer, Span
 from .turns import Turns
 
@@ -157,6 +157,22 @@ class Runner:
             self.turns.release(identity)
             if left_started:
                 self.turns.settled(identity)
+
+    async def inspect(self, identity: Identity) -> RecordView:
+        """The record as it is now, read without a turn (a read takes no lock)."""
+        alive = self.store.owner_alive
+        with self.span("inspect", identity) as span:
+            try:
+                view = await self.store.peek(
+                    identity, lambda record: view_of(identity, record, alive)
+                )
+            except StorageFailed as failure:
+                self.observer.failed("inspect", identity, failure)
+                raise
+            span.set("outcome", "absent" if view.status == "absent" else "found")
+            span.set("status", view.status)
+            span.set("attempt", view.attempt)
+            return view
 
 
 async def to_the_end(
