@@ -119,3 +119,57 @@ async def test_a_failed_open_chains_the_os_error(
 
     assert_chains_the_os_error(caught.value, errno.ENOTDIR, str(directory))
     assert await anyio.to_thread.run_sync(blocker.read_bytes) == IN_THE_WAY
+
+
+# The codes of the contract (SPEC, section 4). The command's own codes (NOT_FOUND, ...)
+# are listed in its table of exit and error codes, tested with the command.
+CONTRACT_CODES = frozenset(
+    [
+        "INVALID_LABEL",
+        "INVALID_IDENTITY",
+        "INVALID_HASH",
+        "INVALID_INPUTS",
+        "INVALID_RECEIPT",
+        "INVALID_CLAIM",
+        "INVALID_ARGUMENT",
+        "ABSOLUTE_ROOT_REQUIRED",
+        "RECORD_INVALID",
+        "INPUT_CHANGED",
+        "DEFINITION_CHANGED",
+        "IN_PROGRESS",
+        "REVIEW_REQUIRED",
+        "CLAIM_MISMATCH",
+        "NOT_STARTED",
+        "NOT_IN_REVIEW",
+        "INPUT_KEY_MISMATCH",
+        "UNRESOLVED_CLAIM",
+        "STORAGE_FAILED",
+    ]
+)
+
+
+def test_every_code_the_library_raises_is_a_code_of_the_contract() -> None:
+    import re
+
+    import itemjournal
+
+    package = Path(itemjournal.__file__).parent
+    found: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if "_operator" in path.relative_to(package).parts:
+            continue
+        for code in re.findall(r"""code=["']([A-Za-z_]+)["']""", path.read_text("utf-8")):
+            found.setdefault(code, []).append(str(path.relative_to(package)))
+    assert found, "no code= literal found: the scan reads the wrong files"
+    assert {code: paths for code, paths in found.items() if code not in CONTRACT_CODES} == {}
+
+
+def test_a_fixed_scope_that_is_no_label_is_invalid_label() -> None:
+    from itemjournal.asgi import IdempotencyMiddleware
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise AssertionError("never called")
+
+    with pytest.raises(InvalidArgument) as caught:
+        IdempotencyMiddleware(app, location="/tmp/never-opened", scope="not a label")
+    assert caught.value.code == "INVALID_LABEL"

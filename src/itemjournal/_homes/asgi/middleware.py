@@ -91,7 +91,7 @@ class IdempotencyMiddleware:
         if isinstance(scope, str) and not LABEL.fullmatch(scope):
             raise InvalidArgument(
                 f"a fixed scope {scope!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,79}}",
-                code="INVALIDLABEL",
+                code="INVALID_LABEL",
             )
         if wait is not None and (
             isinstance(wait, bool)
