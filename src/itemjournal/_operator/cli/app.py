@@ -72,6 +72,7 @@ except ModuleNotFoundError as missing:  # this module is the command: say what t
     raise SystemExit(1) from None
 
 from ..._model.errors import JournalError
+from ..._model.text import safe_text
 from .checks import reconcile_command
 from .errors import EXIT_OK, EXIT_USAGE, CommandError, _BadValue, _exit_code_of
 from .maintenance import prune_command, sweep_command, verify_command
@@ -203,13 +204,24 @@ def cli(
     ctx.call_on_close(_show_log_records(verbose))
 
 
+class _SafeFormatter(logging.Formatter):
+    """Log lines for a terminal: whatever a record carries (a message of any logger, the
+    lines of a traceback) is shown escaped, one line per line, never interpreted."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return safe_text(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join(safe_text(line) for line in super().formatException(ei).splitlines())
+
+
 def _show_log_records(verbosity: int) -> Callable[[], None]:
     """Route the journal's own log records for one command; return what undoes it.
 
-    Every write the command makes is also a record on the ``itemjournal`` logger, and a
-    record going to ``needs_review`` is a WARNING, which Python prints on stderr when
-    nothing set logging up: the command would say what it did twice. So the command's
-    own lines are the output, and the journal's records are shown only when asked for.
+    Every write the command makes is also a record on the ``itemjournal`` logger. The
+    command's own lines are the output, and the journal's records are shown only when
+    asked for (the logger's ``NullHandler`` keeps them quiet otherwise; the filter also
+    holds them back from any handler an imported check module may have set up).
     The filter sits on the ``itemjournal`` logger itself, so it holds back the journal's
     events and never the records of its children (``itemjournal.viewer`` under ``serve``).
     """
@@ -224,7 +236,7 @@ def _show_log_records(verbosity: int) -> Callable[[], None]:
     handler: logging.Handler | None = None
     if verbosity:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(threshold)
 

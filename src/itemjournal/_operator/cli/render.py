@@ -8,7 +8,6 @@ is ASCII only, so stored text can never drive the terminal it is shown on."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -22,14 +21,9 @@ from rich.text import Text
 from ..._model.errors import JournalError
 from ..._model.identity import Identity
 from ..._model.records import Event
+from ..._model.text import safe_text
 from ..._model.view import RecordView
 
-# C0 and C1 controls, DEL, and the bidirectional overrides that can make a terminal show
-# text other than what is stored: shown escaped, never passed to the terminal.
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_DURATION = re.compile(r"(?:\d+[smhdw])+")
-_DURATION_PART = re.compile(r"(\d+)([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _STATUS_STYLE = {
     "started": "cyan",
     "succeeded": "green",
@@ -39,13 +33,9 @@ _STATUS_STYLE = {
 
 
 def _clean(text: str) -> str:
-    """Text safe to put on a terminal: control characters are shown escaped."""
-
-    def escape(match: re.Match[str]) -> str:
-        char = match.group()
-        return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
-
-    return _UNSAFE.sub(escape, text)
+    """Text safe to put on a terminal: control, escape, bidirectional and zero-width
+    characters shown escaped (``safe_text``, which the journal's log records use too)."""
+    return safe_text(text)
 
 
 def _error_line(code: str, message: str) -> str:
