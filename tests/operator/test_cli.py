@@ -380,7 +380,7 @@ def test_show_json_is_the_full_view(loc: str) -> None:
 
 
 def test_show_an_absent_record(loc: str) -> None:
-    line = one_error(invoke("-L", loc, "show", "shop", "billing", "charge", "nope"), "NOT_FOUND", 1)
+    line = one_error(invoke("-L", loc, "show", "shop", "billing", "charge", "nope"), "NOT_FOUND", 2)
     assert "shop/billing/charge/nope" in line
 
 

@@ -15,22 +15,17 @@ from rich.text import Text
 from ..._journal.journal import Journal
 from ..._model.records import STATUSES
 from ..._model.view import RecordView
-from .errors import EXIT_OK, EXIT_PROBLEMS, CommandError
-from .options import _coerce, _filter_options, _identity_args, _journal_options, _run, _settings
+from .errors import EXIT_OK, EXIT_PROBLEMS
+from .options import _filter_options, _journal_options, _run, _settings
 from .progress import _metered, _Stream
 from .render import (
-    _clean,
     _dumps,
     _full_json,
     _out_console,
-    _owner_text,
     _row,
-    _Screen,
-    _show_identity,
     _status_text,
     _table,
     _view_json,
-    _when,
     _write,
 )
 
@@ -97,80 +92,6 @@ def list_command(
         more = f" (--limit {limit} reached; more match)" if cut else ""
         console.print(Text(f"{len(rows)} {noun}{more}"))
     return EXIT_PROBLEMS if problems else EXIT_OK
-
-
-# -------------------------------------------------------------------------------- show
-
-
-def _show_view(console: _Screen, view: RecordView) -> None:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    result = "-" if view.result is None else f"{len(view.result.encode('utf-8'))} bytes stored"
-    for name, value in (
-        ("identity", Text(_show_identity(view.identity))),
-        ("key", Text(view.key)),
-        ("status", _status_text(view.status)),
-        ("attempt", Text(str(view.attempt))),
-        ("receipt", Text(_clean(view.receipt) if view.receipt is not None else "-")),
-        ("result", Text(result)),
-        ("created", Text(_clean(view.created_at or "-"))),
-        ("updated", Text(_clean(view.updated_at or "-"))),
-        ("owner", Text(_owner_text(view))),
-        ("review reason", Text(_clean(view.review_reason or "-"))),
-    ):
-        grid.add_row(name, value)
-    console.print(grid)
-    console.print(Text("history", style="bold"))
-    history = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in ("AT (UTC)", "EVENT", "STATUS", "ATTEMPT"):
-        history.add_column(name, no_wrap=True)
-    history.add_column("NOTE", overflow="fold")
-    for event in view.history:
-        history.add_row(
-            Text(_when(event.at)),
-            Text(_clean(event.event)),
-            _status_text(event.status),
-            Text(str(event.attempt)),
-            Text(_clean(event.note or "-")),
-        )
-    console.print(history)
-
-
-@click.command("show")
-@_identity_args
-@click.option("--json", "as_json", is_flag=True, help="The full view as one JSON object.")
-@_journal_options
-@click.pass_context
-def show_command(
-    ctx: click.Context,
-    *,
-    scope: str,
-    program: str,
-    job: str,
-    item: str,
-    as_json: bool,
-    location: str | None,
-    input_key_file: str | None,
-    trust_shared_root: bool,
-) -> int:
-    """Show one record, its history included."""
-    settings = _settings(ctx, location, input_key_file, trust_shared_root)
-    identity = _coerce(scope, program, job, item)
-
-    async def body(journal: Journal) -> RecordView:
-        return await journal.inspect(identity)
-
-    view = _run(settings, body)
-    if view.status == "absent":
-        raise CommandError(
-            "NOT_FOUND", f"no record of {_show_identity(identity)}", exit_code=EXIT_PROBLEMS
-        )
-    if as_json:
-        _write([_dumps(_full_json(view), indent=2)])
-    else:
-        _show_view(_out_console(), view)
-    return EXIT_OK
 
 
 # ------------------------------------------------------------------------------ counts
