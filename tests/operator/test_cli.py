@@ -1377,7 +1377,7 @@ def test_main_without_standalone_mode_returns_the_exit_code(
 ) -> None:
     assert cli.main(["-L", loc, "counts", "--json"], standalone_mode=False) == 0
     assert json.loads(capsys.readouterr().out)["total"] == 6
-    assert cli.main(["-L", loc, "show", "a", "b", "c", "d"], standalone_mode=False) == 1
+    assert cli.main(["-L", loc, "show", "a", "b", "c", "d"], standalone_mode=False) == 2
     assert cli.main(["-L", loc, "list", "--status", "x"], standalone_mode=False) == 2
 
 

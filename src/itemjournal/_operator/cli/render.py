@@ -13,9 +13,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from rich import box
 from rich.console import Console, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from ..._model.errors import JournalError
@@ -135,12 +133,22 @@ class _Screen:
         self.terminal = console.is_terminal
         self.console = console if self.terminal else Console(width=240, no_color=True)
 
-    def print(self, renderable: RenderableType) -> None:
+    @property
+    def width(self) -> int:
+        """The columns a table may use: the terminal's; piped, as many as it needs."""
+        return self.console.width
+
+    def print(self, renderable: RenderableType, *, width: int | None = None) -> None:
+        """Print ``renderable``; given ``width`` wider than the screen, that wide (a
+        terminal then wraps the lines)."""
+        console = self.console
+        if width is not None and width > console.width:
+            console = Console(width=width) if self.terminal else Console(width=width, no_color=True)
         if self.terminal:
-            self.console.print(renderable)
+            console.print(renderable)
             return
-        with self.console.capture() as captured:
-            self.console.print(renderable)
+        with console.capture() as captured:
+            console.print(renderable)
         _write(line.rstrip() for line in captured.get().splitlines())
 
 
@@ -190,26 +198,6 @@ def _detail(view: RecordView) -> str:
     if view.receipt is not None:
         return _clean(f"receipt {view.receipt}")
     return "-"
-
-
-def _row(view: RecordView) -> tuple[Text, ...]:
-    return (
-        _status_text(view.status),
-        *(Text(label) for label in view.identity),
-        Text(str(view.attempt)),
-        Text(_when(view.updated_at)),
-        Text(_detail(view)),
-    )
-
-
-def _table(rows: Sequence[tuple[Text, ...]]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in ("STATUS", "SCOPE", "PROGRAM", "JOB", "ITEM", "ATTEMPT", "UPDATED (UTC)"):
-        table.add_column(name, no_wrap=True)
-    table.add_column("RECEIPT / REASON / OWNER", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def _view_lines(views: Iterable[RecordView], verb: str) -> list[str]:
