@@ -37,7 +37,7 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize(("char", "shown"), HOSTILE.items(), ids=lambda c: repr(c))
+@pytest.mark.parametrize(("char", "shown"), HOSTILE.items(), ids=repr)
 def test_every_hostile_character_is_shown_escaped(char: str, shown: str) -> None:
     assert safe_text(f"ch_123{char}") == f"ch_123{shown}"
 

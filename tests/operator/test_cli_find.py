@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from os.path import commonpath
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def loc(tmp_path: Path) -> str:
 def test_show_by_key_or_a_unique_prefix(loc: str) -> None:
     first, second = TWINS
     key = identity_digest(first)
-    common = len(os.path.commonprefix([key, identity_digest(second)]))
+    common = len(commonpath([key, identity_digest(second)]))
     for given in (key, key[: common + 1], key[: common + 1].upper()):
         result = invoke("-L", loc, "show", given, "--json")
         assert result.exit_code == 0, result.stderr
@@ -96,7 +97,7 @@ def test_show_by_key_or_a_unique_prefix(loc: str) -> None:
 
 
 def test_an_ambiguous_prefix_is_refused_naming_the_matches(loc: str) -> None:
-    first, second = TWINS
+    first, _second = TWINS
     prefix = identity_digest(first)[:4]
     line = one_error(invoke("-L", loc, "show", prefix), "AMBIGUOUS_KEY")
     assert "2 records" in line

@@ -273,9 +273,7 @@ class Observer:
             fields["itemjournal_identity"] = where = _label(identity)
             fields["itemjournal_key"] = identity_digest(identity)
             where = f" of {where}"
-        logger.warning(
-            "%s%s failed: %s", operation, where, safe_text(error.message), extra=fields
-        )
+        logger.warning("%s%s failed: %s", operation, where, safe_text(error.message), extra=fields)
 
     def summary(self, operation: str, message: str, **counts: int | bool) -> None:
         """An operator's bulk operation ended (sweep, prune, reconcile): INFO, with counts."""
