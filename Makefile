@@ -1,7 +1,11 @@
-# Quick start: `make demo` and `make test` each build .venv when it is missing.
+# Quick start: `make demo` and `make test` each build their environment when it is missing:
+# the demo's (.venv-demo) holds the package and the extra it uses, the suite's (.venv) the
+# test and lint tools too.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+DEMO_VENV := .venv-demo
+DEMO_BIN  := $(DEMO_VENV)/bin
 # make test-dist: a fresh environment outside the source tree, made anew each run.
 DIST_VENV ?= $${TMPDIR:-/tmp}/itemjournal-test-dist
 # Workers for the installed suite (pytest-xdist); 0 runs it in one process.
@@ -17,8 +21,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
 	touch $@
 
-demo: $(BIN)/.installed
-	$(BIN)/python examples/demo.py --root "$(CURDIR)/demo-journal"
+$(DEMO_BIN)/.installed: pyproject.toml
+	test -x $(DEMO_BIN)/python || $(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_BIN)/python -m pip install --quiet --upgrade pip
+	$(DEMO_BIN)/python -m pip install --quiet -e '.[cli]'
+	touch $@
+
+demo: $(DEMO_BIN)/.installed
+	$(DEMO_BIN)/python examples/demo.py --root "$(CURDIR)/demo-journal"
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples docs/_ext tools
@@ -75,4 +85,4 @@ bench-quick: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench.py --quick $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .coverage .mypy_cache .ruff_cache dist site
+	rm -rf $(VENV) $(DEMO_VENV) .coverage .mypy_cache .ruff_cache dist site

@@ -8,7 +8,8 @@
    (``REVIEW_REQUIRED``), refuses order-3, and asks the provider nothing.
 3. The operator lists what needs review and looks at order-5. Then ``itemjournal
    reconcile`` asks the provider what happened to each record's idempotency key (the check
-   ``worker_loop:what_happened``): first with ``--dry-run``, then with ``--yes``. Order-5
+   ``worker_loop:what_happened``, given the provider's ledger with ``--check-arg``): first
+   with ``--dry-run``, then with ``--yes``. Order-5
    was charged: it is resolved ``succeeded`` with the provider's charge id as its receipt.
    Order-3 was not: it is released for a retry. Both resolutions are audited.
 4. The worker loop runs again: it charges order-3 once (with the same idempotency key) and
@@ -80,9 +81,10 @@ def main() -> None:
         "\n# the provider answers what happened to an idempotency key: ask it about every"
         "\n# record in review, first without changing anything"
     )
-    operator("reconcile", "--check", CHECK, "--dry-run")
+    ledger = f"ledger={ledger_path(root)}"  # the check's argument: the provider's ledger
+    operator("reconcile", "--check", CHECK, "--dry-run", "--check-arg", ledger)
     print("\n# order-5 was charged: it succeeds with that charge; order-3 was not: released")
-    operator("reconcile", "--check", CHECK, "--yes")
+    operator("reconcile", "--check", CHECK, "--yes", "--check-arg", ledger)
     operator("show", *ORDER_5)
     charges = len(read_ledger(ledger_path(root)))
     print(f"\n# the provider holds {charges} charges; the next run charges order-3 once")

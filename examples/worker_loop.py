@@ -115,19 +115,16 @@ class Provider:
         return await anyio.to_thread.run_sync(self._charge_sync, order, amount, idempotency_key)
 
 
-async def what_happened(view: RecordView) -> Happened | DidNotHappen | Unknown:
+async def what_happened(view: RecordView, *, ledger: str) -> Happened | DidNotHappen | Unknown:
     """The reconciliation check: ask the provider what happened to the record's key.
 
-    ``itemjournal reconcile --check worker_loop:what_happened`` calls it for each record in
-    review (this directory on ``PYTHONPATH``; the provider's ledger is found beside the
-    journal that ``ITEMJOURNAL_LOCATION`` names). ``DidNotHappen`` is safe here because
+    ``itemjournal reconcile --check worker_loop:what_happened --check-arg ledger=PATH``
+    calls it for each record in review (this directory on ``PYTHONPATH``; ``ledger`` is
+    the provider's ledger, beside the journal). ``DidNotHappen`` is safe here because
     the provider honours the idempotency key: should a lost charge still land, the retry
     under the same key gets that charge back and nothing is charged twice.
     """
-    root = os.environ.get("ITEMJOURNAL_LOCATION")
-    if not root:
-        return Unknown("ITEMJOURNAL_LOCATION is not set: the provider's ledger is not found")
-    charge = await Provider(ledger_path(root), hang_on=None).lookup(view.key)
+    charge = await Provider(ledger, hang_on=None).lookup(view.key)
     if charge is None:
         return DidNotHappen(f"no charge under the key {view.key[:16]}... in its ledger")
     return Happened(

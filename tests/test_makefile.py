@@ -45,3 +45,28 @@ def test_a_server_named_by_the_developer_is_kept() -> None:
 def test_an_empty_variable_still_means_no_server() -> None:
     """`ITEMJOURNAL_TEST_POSTGRES= make test` skips the PostgreSQL tests on purpose."""
     assert seen_by_recipes(ITEMJOURNAL_TEST_POSTGRES="") == ""
+
+
+def recipes(target: str) -> list[str]:
+    """The commands ``make TARGET`` would run from scratch (``make -n -B``: nothing run)."""
+    done = subprocess.run(
+        ["make", "-n", "-B", "-f", str(MAKEFILE), target],
+        cwd=MAKEFILE.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+def test_the_demo_installs_only_the_package_and_the_extra_it_uses() -> None:
+    """`make demo` runs in an environment of its own with the `cli` extra: not the test
+    and lint toolchain `make test` needs."""
+    demo = recipes("demo")
+    installs = [line for line in demo if "pip install" in line and "-e" in line]
+    assert installs == [".venv-demo/bin/python -m pip install --quiet -e '.[cli]'"]
+    assert demo[-1].startswith(".venv-demo/bin/python examples/demo.py --root ")
+    test = recipes("test")
+    assert ".venv/bin/python -m pip install --quiet -e '.[test,lint]'" in test
+    assert not any(".venv-demo" in line for line in test)

@@ -21,6 +21,8 @@ For each request whose method is in ``methods`` (POST and PATCH by default):
   for example the authenticated user's id; the journal's scope label is that string
   when it is a valid label, otherwise a digest of it. Without ``scope``, every client
   shares the label ``default``: use it only when keys cannot be guessed across users.
+  ``key_identity(key, scope=...)`` gives the identity of a key, exactly as the middleware
+  derives it; ``itemjournal show --idempotency-key KEY [--scope VALUE]`` shows its record.
 * The fingerprint (the record's inputs) is the method, the path with its query string,
   and the SHA-256 of the body. The same key with another fingerprint: 422.
 * A request with the same key still in flight: 409 with ``Retry-After: 1``; with
@@ -104,7 +106,7 @@ fingerprint, the stored response, the problem answers); this module is its publi
 
 from ._homes.asgi import middleware as _middleware
 from ._homes.asgi import protocol as _protocol
-from ._homes.asgi.keys import DEFINITION, MAX_KEY_CHARS, MalformedKey, parse_key
+from ._homes.asgi.keys import DEFINITION, MAX_KEY_CHARS, MalformedKey, key_identity, parse_key
 from ._homes.asgi.middleware import IdempotencyMiddleware, claim_of
 from ._homes.asgi.responses import RELEASED_STATUSES, REPLAYED_HEADERS, replayable_response
 
@@ -116,6 +118,7 @@ __all__ = [
     "IdempotencyMiddleware",
     "MalformedKey",
     "claim_of",
+    "key_identity",
     "parse_key",
     "replayable_response",
 ]

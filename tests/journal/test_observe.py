@@ -487,3 +487,90 @@ async def test_an_unresolved_claim_block_counts_as_a_review(journal: Journal) ->
             pass
     statistics = journal.statistics()
     assert (statistics.claims, statistics.reviews, statistics.in_flight) == (1, 1, 0)
+
+
+# ------------------------------------------------------------------- safe log messages
+
+HOSTILE_REASON = "timeout\x1b]0;owned\x07\x1b[2J\r\nINFO fake: all fine\u202e\u200b\u2028"
+
+
+async def test_log_messages_carry_hostile_text_escaped_and_fields_exact(
+    journal: Journal, logged: pytest.LogCaptureFixture
+) -> None:
+    """A reason, a note or an exception's message reaches a log line only escaped: no log
+    handler can be made to write a forged line or drive the terminal it writes to. The
+    structured fields keep the text exactly, for programs."""
+    claim = await journal.begin(ident("hostile"), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    await journal.mark_review(ident("hostile"), HOSTILE_REASON)
+    with pytest.raises(ConflictError, match="REVIEW_REQUIRED"):
+        await journal.begin(ident("hostile"), INPUTS, DEFINITION)
+    await journal.resolve(ident("hostile"), retry=True, note=f"note {HOSTILE_REASON}")
+    with pytest.raises(UnresolvedClaim):
+        async with journal.claim(ident("raised"), INPUTS, DEFINITION):
+            pass
+    with pytest.raises(RuntimeError):
+        async with journal.claim(ident("raised-too"), INPUTS, DEFINITION):
+            raise RuntimeError(HOSTILE_REASON)
+    records = ours(logged.records)
+    assert len(records) >= 6
+    for record in records:
+        message = record.getMessage()
+        assert message.isprintable(), repr(message)
+    marked = next(r for r in records if fields(r)["event"] == "marked_review")
+    assert marked.getMessage().endswith(
+        ": timeout\\x1b]0;owned\\x07\\x1b[2J\\r\\nINFO fake: all fine\\u202e\\u200b\\u2028"
+    )
+    assert fields(marked)["reason"] == HOSTILE_REASON
+    resolved = next(r for r in records if fields(r)["event"] == "resolved")
+    assert fields(resolved)["note"] == f"note {HOSTILE_REASON}"
+    assert "\\x1b]0;owned" in resolved.getMessage()
+
+
+def _script_with_a_review_and_a_refusal(location: str, logging_setup: str) -> str:
+    return f"""
+import anyio, logging, itemjournal
+{logging_setup}
+async def main():
+    async with await itemjournal.Journal.open({location!r}) as journal:
+        identity = ("shop", "billing", "charge", "order-1")
+        definition = itemjournal.definition_digest("v1")
+        claim = await journal.begin(identity, {{"cents": 1}}, definition)
+        await journal.mark_review(identity, "provider timed out")
+        try:
+            await journal.begin(identity, {{"cents": 2}}, definition)
+        except itemjournal.ConflictError as refusal:
+            assert refusal.code == "INPUT_CHANGED"
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_nothing_is_printed_unless_the_application_configures_logging(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    """A library logs through a ``NullHandler``: without any logging set up, Python's
+    last-resort handler never prints the journal's warnings on the application's stderr."""
+    assert any(
+        isinstance(handler, logging.NullHandler)
+        for handler in logging.getLogger("itemjournal").handlers
+    )
+    quiet = await anyio.run_process(
+        [sys.executable, "-c", _script_with_a_review_and_a_refusal(str(tmp_path / "a"), "")],
+        check=False,
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stderr == b""
+    configured = await anyio.run_process(
+        [
+            sys.executable,
+            "-c",
+            _script_with_a_review_and_a_refusal(str(tmp_path / "b"), "logging.basicConfig()"),
+        ],
+        check=False,
+    )
+    assert configured.returncode == 0, configured.stderr
+    lines = configured.stderr.decode().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("WARNING:itemjournal:marked_review shop/billing/charge/order-1")
+    assert lines[1].startswith("WARNING:itemjournal:begin of shop/billing/charge/order-1 refused")

@@ -380,7 +380,7 @@ def test_show_json_is_the_full_view(loc: str) -> None:
 
 
 def test_show_an_absent_record(loc: str) -> None:
-    line = one_error(invoke("-L", loc, "show", "shop", "billing", "charge", "nope"), "NOT_FOUND", 1)
+    line = one_error(invoke("-L", loc, "show", "shop", "billing", "charge", "nope"), "NOT_FOUND", 2)
     assert "shop/billing/charge/nope" in line
 
 
@@ -1377,7 +1377,7 @@ def test_main_without_standalone_mode_returns_the_exit_code(
 ) -> None:
     assert cli.main(["-L", loc, "counts", "--json"], standalone_mode=False) == 0
     assert json.loads(capsys.readouterr().out)["total"] == 6
-    assert cli.main(["-L", loc, "show", "a", "b", "c", "d"], standalone_mode=False) == 1
+    assert cli.main(["-L", loc, "show", "a", "b", "c", "d"], standalone_mode=False) == 2
     assert cli.main(["-L", loc, "list", "--status", "x"], standalone_mode=False) == 2
 
 

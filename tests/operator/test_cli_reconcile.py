@@ -490,3 +490,66 @@ def test_no_progress_bar_when_not_on_a_terminal(loc: str, checks: str) -> None:
     result = invoke("-L", loc, "reconcile", "--check", f"{checks}:calm", "--dry-run")
     assert result.exit_code == 0
     assert result.stderr == ""
+
+
+# ---------------------------------------------------------------------------- check args
+
+ARG_CHECKS = """
+from itemjournal import Unknown
+
+
+async def with_args(view, *, ledger, mode="slow"):
+    return Unknown(f"ledger={ledger} mode={mode}")
+
+
+def plain_with_args(view, ledger):
+    return Unknown(f"plain ledger={ledger}")
+"""
+
+
+@pytest.fixture
+def arg_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"recon_arg_checks_{next(_names)}"
+    where = tmp_path / "arg_checks"
+    where.mkdir()
+    (where / f"{name}.py").write_text(textwrap.dedent(ARG_CHECKS), encoding="utf-8")
+    monkeypatch.setattr(sys, "path", [str(where), *sys.path])
+    return name
+
+
+def test_check_args_are_given_to_the_check_as_keyword_arguments(loc: str, arg_checks: str) -> None:
+    result = invoke(
+        "-L", loc, "reconcile", "--check", f"{arg_checks}:with_args", "--dry-run", "--json",
+        "--check-arg", "ledger=/var/lib/shop/ledger=v2.jsonl", "--check-arg", "mode=",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    notes = {entry["verdict"]["note"] for entry in json.loads(result.stdout)["records"]}
+    assert notes == {"ledger=/var/lib/shop/ledger=v2.jsonl mode="}
+    plain = invoke(
+        "-L", loc, "reconcile", "--check", f"{arg_checks}:plain_with_args", "--dry-run",
+        "--json", "--check-arg", "ledger=x",
+    )  # fmt: skip
+    assert plain.exit_code == 0, plain.stderr
+    notes = {entry["verdict"]["note"] for entry in json.loads(plain.stdout)["records"]}
+    assert notes == {"plain ledger=x"}
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--check-arg", "ledger"], "NAME=VALUE"),
+        (["--check-arg", "=x"], "NAME=VALUE"),
+        (["--check-arg", "1ledger=x"], "NAME=VALUE"),
+        (["--check-arg", "ledger=a", "--check-arg", "ledger=b"], "more than once"),
+        (["--check-arg", "ledger=a", "--check-arg", "colour=red"], "colour"),
+        ([], "ledger"),  # a required argument not given
+    ],
+)
+def test_a_bad_check_arg_is_refused_before_any_check(
+    loc: str, arg_checks: str, args: list[str], said: str
+) -> None:
+    before = views(loc)
+    result = invoke("-L", loc, "reconcile", "--check", f"{arg_checks}:with_args", "--yes", *args)
+    line = one_error(result, "INVALID_CHECK_ARG")
+    assert said in line
+    assert views(loc) == before

@@ -9,6 +9,13 @@ logged, and a receipt only in a DEBUG record.
 Each log call is guarded by ``isEnabledFor``, so with the logger quiet a transition costs
 a few comparisons and counter increments. Spans are opt-in (``itemjournal.otel``): the
 journal asks its ``Tracing`` for one per operation, or a shared do-nothing one.
+
+The logger has a ``NullHandler``, as a library's logger should: nothing is printed unless
+the application configures logging (without it, Python's last-resort handler would print
+every WARNING on the application's stderr). Text from callers, providers and exceptions
+(reasons, notes, messages) is in a message only through ``safe_text``, so no handler can
+be made to write a forged line or drive a terminal; the ``itemjournal_`` fields keep it
+exactly.
 """
 
 from __future__ import annotations
@@ -22,10 +29,12 @@ from .._model.conflicts import ConflictError
 from .._model.errors import JournalError
 from .._model.identity import Identity, identity_digest
 from .._model.records import Record
+from .._model.text import safe_text
 
 __all__ = ["NO_SPAN", "JournalStatistics", "Observer", "Span", "Tracing", "logger"]
 
 logger = logging.getLogger("itemjournal")
+logger.addHandler(logging.NullHandler())
 
 DEBUG, INFO, WARNING = logging.DEBUG, logging.INFO, logging.WARNING
 
@@ -198,7 +207,7 @@ class Observer:
             shown.attempt,
             fields["itemjournal_previous"],
             status,
-            f": {reason}" if reason else "",
+            f": {safe_text(str(reason))}" if reason else "",
             extra=fields,
         )
 
@@ -250,7 +259,7 @@ class Observer:
             "%s of %s refused: %s",
             operation,
             label,
-            refusal.message,
+            safe_text(refusal.message),
             extra=fields,
         )
 
@@ -273,7 +282,7 @@ class Observer:
             fields["itemjournal_identity"] = where = _label(identity)
             fields["itemjournal_key"] = identity_digest(identity)
             where = f" of {where}"
-        logger.warning("%s%s failed: %s", operation, where, error.message, extra=fields)
+        logger.warning("%s%s failed: %s", operation, where, safe_text(error.message), extra=fields)
 
     def summary(self, operation: str, message: str, **counts: int | bool) -> None:
         """An operator's bulk operation ended (sweep, prune, reconcile): INFO, with counts."""
@@ -285,7 +294,7 @@ class Observer:
         }
         for name, value in counts.items():
             fields[f"itemjournal_{name}"] = value
-        logger.info("%s", message, extra=fields)
+        logger.info("%s", safe_text(message), extra=fields)
 
 
 class Span(Protocol):

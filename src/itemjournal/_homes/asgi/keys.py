@@ -12,15 +12,17 @@ import hashlib
 import json
 import re
 
-from ..._model.identity import Identity, definition_digest
+from ..._model.identity import Identity, check_label, definition_digest
 from .protocol import Scope
 
 __all__ = [
+    "DEFAULT_SCOPE",
     "DEFINITION",
     "LABEL",
     "MAX_KEY_CHARS",
     "MalformedKey",
     "header",
+    "key_identity",
     "parse_key",
     "request_identity",
     "request_inputs",
@@ -31,8 +33,11 @@ MAX_KEY_CHARS = 255
 DEFINITION = definition_digest("itemjournal.asgi.IdempotencyMiddleware/1")
 # A scope value that is already a valid journal label is used as it is.
 LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
-_PROGRAM = "http"
-_JOB = "idempotency-key"
+# The scope value of a middleware given no ``scope``, and the program and job labels of
+# its records.
+DEFAULT_SCOPE = "default"
+PROGRAM = "http"
+JOB = "idempotency-key"
 # A bare key: RFC 8941 token characters, also leading digits (bare UUIDs are common).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z:/]+")
 
@@ -99,10 +104,36 @@ def header(scope: Scope, name: bytes) -> list[bytes]:
     return [value for key, value in scope.get("headers", ()) if key.lower() == name]
 
 
+def key_identity(
+    key: str, *, scope: str = DEFAULT_SCOPE, program: str = PROGRAM, job: str = JOB
+) -> Identity:
+    """The identity of the record the middleware keeps for ``key`` in ``scope``.
+
+    ``key`` is the key as ``parse_key`` reads it from the header (the characters of a
+    quoted string, without its quotes); ``scope`` is the middleware's scope value: its
+    fixed label, or what its scope function returned for the request (``"default"``
+    without one). The identity is ``(<scope label>, "http", "idempotency-key",
+    <digest>)``: the scope label is the scope value when that is a valid label, otherwise
+    ``s-`` and 40 hex digits of its SHA-256; the digest is the SHA-256 (hex) of the compact
+    JSON array ``[scope value, key]`` (ASCII escapes), so the raw key is never stored and
+    one scope's key never meets another's. A key that is empty or longer than
+    ``MAX_KEY_CHARS`` is ``MalformedKey``; ``program`` and ``job`` must be labels.
+    """
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY_CHARS:
+        raise MalformedKey(f"the key is a str of 1 to {MAX_KEY_CHARS} characters, not {key!r}")
+    if not isinstance(scope, str) or not scope:
+        raise MalformedKey(f"the scope value is a non-empty str, not {scope!r}")
+    return Identity(
+        _scope_label(scope),
+        check_label(program, "program"),
+        check_label(job, "job"),
+        _item_label(scope, key),
+    )
+
+
 def request_identity(scope_value: str, key: str) -> Identity:
-    """The record's identity: the scope's label, and a digest of the scope value and the key
-    together, so the raw key is never stored and one scope's key never meets another's."""
-    return Identity(_scope_label(scope_value), _PROGRAM, _JOB, _item_label(scope_value, key))
+    """The identity of a request's record: ``key_identity``, the public recipe."""
+    return key_identity(key, scope=scope_value)
 
 
 def request_inputs(scope: Scope, body: bytes) -> dict[str, str | int]:

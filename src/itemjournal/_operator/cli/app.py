@@ -5,21 +5,10 @@ Every command works on one journal location, given once to the group (``itemjour
 ``ITEMJOURNAL_LOCATION``. The command never creates a journal: a location that holds none
 is refused (``NO_JOURNAL``), so a typo cannot leave an empty journal behind.
 
-Exit codes: 0 when all is well; 1 when the command ran and found or met a problem (a
-record that cannot be read, a record not in the state the decision needs, ``verify``
-findings, a bulk decision with failures); 2 for bad usage or bad input (an unknown
-option, a bad label, status or duration, a missing or relative location, a key file or
-receipt file that cannot be used); 130 when interrupted. Every error is one line on
-stderr, ``error: CODE: message``; a record met along the way that cannot be read is one
-line, ``problem: CODE: message``, and the command goes on.
-
-Codes of the command itself, besides the journal's own (``INVALID_LABEL``,
-``ABSOLUTE_ROOT_REQUIRED``, ``NOT_IN_REVIEW``, ``RECORD_INVALID``, …): ``USAGE``,
-``INVALID_STATUS``, ``INVALID_DURATION``, ``NO_JOURNAL``, ``INVALID_KEY_FILE``,
-``INVALID_RECEIPT_FILE``, ``TOKEN_REQUIRED``, ``INVALID_CHECK`` (a ``reconcile --check``
-that cannot be imported, found or called) (exit 2); ``NOT_FOUND``, ``FILTERED_OUT``,
-``VIEWER_UNAVAILABLE``, ``CLI_UNAVAILABLE`` (the ``cli`` extra is not installed) (exit 1);
-``INTERRUPTED`` (exit 130).
+Exit codes and error codes: one table each, in ``errors`` (``EXIT_CODES``,
+``ERROR_CODES``), printed at the end of ``itemjournal --help`` and repeated in the README.
+Every error is one line on stderr, ``error: CODE: message``; a record met along the way
+that cannot be read is one line, ``problem: CODE: message``, and the command goes on.
 
 ``--json`` output (stable; every object has exactly these keys, in this order):
 
@@ -72,14 +61,24 @@ except ModuleNotFoundError as missing:  # this module is the command: say what t
     raise SystemExit(1) from None
 
 from ..._model.errors import JournalError
+from ..._model.text import safe_text
 from .checks import reconcile_command
-from .errors import EXIT_OK, EXIT_USAGE, CommandError, _BadValue, _exit_code_of
+from .errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CommandError,
+    _BadValue,
+    _exit_code_of,
+    codes_epilog,
+)
 from .maintenance import prune_command, sweep_command, verify_command
 from .options import _GroupOptions
-from .records import counts_command, export_command, list_command, show_command
+from .records import counts_command, export_command, list_command
 from .render import _error_line, _stderr
 from .review import resolve_command, review_command
 from .serve import serve_command
+from .show import show_command
 
 __all__ = ["cli", "main"]
 
@@ -139,7 +138,7 @@ class _Group(click.Group):
             return _exit_code_of(error)
         except (click.Abort, KeyboardInterrupt):
             _stderr(_error_line("INTERRUPTED", "stopped before the end"))
-            return 130
+            return EXIT_INTERRUPTED
         except click.ClickException as error:
             _stderr(_error_line("USAGE", error.format_message()))
             return error.exit_code
@@ -151,6 +150,7 @@ class _Group(click.Group):
 @click.group(
     cls=_Group,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=codes_epilog(),
 )
 @click.option(
     "-L",
@@ -196,20 +196,29 @@ def cli(
     itemjournal -L /var/lib/app/journal list --status needs_review
     itemjournal -L sqlite:///var/lib/app/journal.db show shop billing charge order-3
     itemjournal resolve shop billing charge order-3 --retry --note "provider shows no charge"
-
-    Exit codes: 0 fine, 1 problems found, 2 bad usage or input.
     """
     ctx.obj = _GroupOptions(location, input_key_file, trust_shared_root)
     ctx.call_on_close(_show_log_records(verbose))
 
 
+class _SafeFormatter(logging.Formatter):
+    """Log lines for a terminal: whatever a record carries (a message of any logger, the
+    lines of a traceback) is shown escaped, one line per line, never interpreted."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return safe_text(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join(safe_text(line) for line in super().formatException(ei).splitlines())
+
+
 def _show_log_records(verbosity: int) -> Callable[[], None]:
     """Route the journal's own log records for one command; return what undoes it.
 
-    Every write the command makes is also a record on the ``itemjournal`` logger, and a
-    record going to ``needs_review`` is a WARNING, which Python prints on stderr when
-    nothing set logging up: the command would say what it did twice. So the command's
-    own lines are the output, and the journal's records are shown only when asked for.
+    Every write the command makes is also a record on the ``itemjournal`` logger. The
+    command's own lines are the output, and the journal's records are shown only when
+    asked for (the logger's ``NullHandler`` keeps them quiet otherwise; the filter also
+    holds them back from any handler an imported check module may have set up).
     The filter sits on the ``itemjournal`` logger itself, so it holds back the journal's
     events and never the records of its children (``itemjournal.viewer`` under ``serve``).
     """
@@ -224,7 +233,7 @@ def _show_log_records(verbosity: int) -> Callable[[], None]:
     handler: logging.Handler | None = None
     if verbosity:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_SafeFormatter("%(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(threshold)
 

@@ -6,7 +6,9 @@ and showing what each check said; the settling itself is ``itemjournal's``
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import inspect
 import os
 import re
 import sys
@@ -42,6 +44,7 @@ _CHECK_SPEC = re.compile(
     r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
     r":(?P<attribute>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)"
 )
+_ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _OUTCOMES = ("happened", "did_not_happen", "unknown", "left", "failed")
 _OUTCOME_STYLE = {
     "happened": "green",
@@ -109,6 +112,43 @@ def _load_check(spec: str) -> Callable[..., Any]:
             f"--check {spec} is a {type(target).__name__}, not a function of a record's view",
         )
     return target
+
+
+def _check_args(given: tuple[str, ...]) -> dict[str, str]:
+    """``--check-arg NAME=VALUE``, each once: NAME a Python identifier, VALUE the rest
+    after the first ``=`` (it may hold ``=`` itself, or be empty)."""
+    args: dict[str, str] = {}
+    for text in given:
+        name, equals, value = text.partition("=")
+        if not equals or _ARG_NAME.fullmatch(name) is None:
+            raise CommandError(
+                "INVALID_CHECK_ARG",
+                f"--check-arg is NAME=VALUE, NAME a Python identifier, not {text!r}",
+            )
+        if name in args:
+            raise CommandError("INVALID_CHECK_ARG", f"--check-arg {name} is given more than once")
+        args[name] = value
+    return args
+
+
+def _with_args(check: Callable[..., Any], spec: str, args: dict[str, str]) -> Callable[..., Any]:
+    """The check, its ``--check-arg`` values bound as keyword arguments; refused up front
+    when it cannot take them (or needs one not given), before any record is checked."""
+    try:
+        signature = inspect.signature(check)
+    except (TypeError, ValueError):  # no signature to hold the arguments against
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(None, **args)
+        except TypeError as error:
+            given = ", ".join(sorted(args)) or "none"
+            raise CommandError(
+                "INVALID_CHECK_ARG",
+                f"--check {spec} cannot be called as check(view, **args) with the "
+                f"--check-arg names given ({given}): {error}",
+            ) from None
+    return functools.partial(check, **args) if args else check
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -242,6 +282,14 @@ def _show_reconcile(console: _Screen, report: ReconcileReport) -> None:
     help="The check: a function of a record's view returning Happened, DidNotHappen or "
     "Unknown (an async def, or a plain function run in a worker thread).",
 )
+@click.option(
+    "--check-arg",
+    "check_args",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Passed to every call of the check as the keyword argument NAME (a str); may be "
+    "repeated, each NAME once; VALUE is all after the first '='.",
+)
 @click.option("--scope", callback=_label_option, metavar="LABEL", help="Only this scope.")
 @click.option("--program", callback=_label_option, metavar="LABEL", help="Only this program.")
 @click.option("--job", callback=_label_option, metavar="LABEL", help="Only this job.")
@@ -261,6 +309,7 @@ def reconcile_command(
     ctx: click.Context,
     *,
     check_spec: str,
+    check_args: tuple[str, ...],
     scope: str | None,
     program: str | None,
     job: str | None,
@@ -277,19 +326,24 @@ def reconcile_command(
     \b
     itemjournal reconcile --check billing.checks:charge_status --dry-run
     itemjournal reconcile --check billing.checks:charge_status --yes
+    itemjournal reconcile --check billing.checks:charge_status --check-arg region=eu --yes
 
     The check gets each record's view (view.key is the idempotency key the provider was
     given) and answers Happened(receipt) (resolved succeeded), DidNotHappen(evidence)
     (resolved released: claimable again) or Unknown(reason) (left for a person). Each
     resolution is an audited resolve whose note names the check. MODULE is imported from
-    the current directory or PYTHONPATH. Exit 1 when a check failed.
+    the current directory or PYTHONPATH. Each --check-arg NAME=VALUE is passed on every
+    call as a keyword argument, check(view, NAME=VALUE, ...), values as strings; a check
+    that cannot take them is refused before any record is checked (INVALID_CHECK_ARG).
+    Exit 1 when a check failed.
     """
     if dry_run == yes:
         raise click.UsageError(
             "give exactly one of --dry-run (show what it would do) and --yes (resolve)", ctx
         )
+    args = _check_args(check_args)
     settings = _settings(ctx, location, input_key_file, trust_shared_root)
-    check = _load_check(check_spec)
+    check = _with_args(_load_check(check_spec), check_spec, args)
     filtered = any(value is not None for value in (scope, program, job))
 
     async def body(journal: Journal) -> ReconcileReport:

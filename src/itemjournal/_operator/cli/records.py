@@ -1,11 +1,14 @@
-"""The commands that read records: ``list``, ``show``, ``counts`` and ``export``.
+"""The commands that read records: ``list``, ``counts`` and ``export`` (``show`` has a
+module of its own).
 
-None of them changes the journal. ``list`` and ``export`` stream in key order and go on
-past a record that cannot be read (one ``problem:`` line on stderr, exit 1)."""
+None of them changes the journal. ``export`` and ``list --json`` stream in key order
+(``list --sort`` reads every record first, then sorts) and go on past a record that
+cannot be read (one ``problem:`` line on stderr, exit 1)."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import click
 from rich import box
@@ -15,32 +18,58 @@ from rich.text import Text
 from ..._journal.journal import Journal
 from ..._model.records import STATUSES
 from ..._model.view import RecordView
-from .errors import EXIT_OK, EXIT_PROBLEMS, CommandError
-from .options import _coerce, _filter_options, _identity_args, _journal_options, _run, _settings
+from . import listing
+from .errors import EXIT_OK, EXIT_PROBLEMS
+from .options import _filter_options, _journal_options, _run, _settings
 from .progress import _metered, _Stream
 from .render import (
-    _clean,
     _dumps,
+    _event_json,
     _full_json,
     _out_console,
-    _owner_text,
-    _row,
-    _Screen,
-    _show_identity,
     _status_text,
-    _table,
     _view_json,
-    _when,
     _write,
 )
 
 # -------------------------------------------------------------------------------- list
 
+_SORTS = ("updated", "created", "key")
+
+
+def _sort_key(sort: str) -> Callable[[RecordView], tuple[str, str]]:
+    if sort == "updated":
+        return lambda view: (view.updated_at or "", view.key)
+    if sort == "created":
+        return lambda view: (view.created_at or "", view.key)
+    return lambda view: ("", view.key)
+
+
+def _list_json(view: RecordView, history: bool) -> str:
+    shape = _view_json(view)
+    if history:
+        shape["history"] = [_event_json(event) for event in view.history]
+    return _dumps(shape)
+
 
 @click.command("list")
 @_filter_options
+@click.option(
+    "--sort",
+    type=click.Choice(_SORTS),
+    default=None,
+    help="The order: by last change (the table's default: oldest first, the newest next to "
+    "the prompt), by creation, or by key (--json's default: streamed as read).",
+)
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Show at most N records.")
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="Every label and the key whole, each label in its own column, however wide the "
+    "table gets (as it is written to a pipe).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON view per line.")
+@click.option("--history", is_flag=True, help="With --json: each view with its history.")
 @_journal_options
 @click.pass_context
 def list_command(
@@ -50,127 +79,75 @@ def list_command(
     scope: str | None,
     program: str | None,
     job: str | None,
+    sort: str | None,
     limit: int | None,
+    wide: bool,
     as_json: bool,
+    history: bool,
     location: str | None,
     input_key_file: str | None,
     trust_shared_root: bool,
 ) -> int:
-    """List records in key order, with filters."""
+    """List records, with filters, as a table that fits the terminal (or --json).
+
+    On a terminal, long labels are shortened in the middle (start…end) to fit; the KEY
+    column is the start of each record's key, which show takes to find it (show KEY).
+    --wide, or a pipe, shows everything whole.
+    """
+    if history and not as_json:
+        raise click.UsageError("--history goes with --json (show S P J I has the history)", ctx)
     settings = _settings(ctx, location, input_key_file, trust_shared_root)
     filtered = any(value is not None for value in (scope, program, job))
+    order = sort or ("key" if as_json else "updated")
+    streamed = order == "key"  # key order is the order the journal reads records in
 
-    async def body(journal: Journal) -> tuple[list[tuple[Text, ...]], int, bool]:
+    async def body(journal: Journal) -> tuple[list[RecordView], int, bool]:
         stream = _Stream()
-        rows: list[tuple[Text, ...]] = []
-        shown = 0
+        kept: list[RecordView] = []
         cut = False
         async with (
-            _metered(journal, "listing", status, filtered=filtered, limit=limit) as tick,
+            _metered(
+                journal, "listing", status, filtered=filtered, limit=limit if streamed else None
+            ) as tick,
             contextlib.aclosing(
                 journal.records(status, scope=scope, program=program, job=job, problems=True)
             ) as items,
         ):
             async for item in items:
                 if isinstance(item, RecordView):
-                    if limit is not None and shown >= limit:
+                    if streamed and limit is not None and len(kept) >= limit:
                         cut = True
                         break
-                    shown += 1
-                    if as_json:
-                        stream.lines.append(_dumps(_view_json(item)))
-                    else:
-                        rows.append(_row(item))
+                    if streamed and as_json:
+                        stream.lines.append(_list_json(item, history))
+                    kept.append(item)
                 else:
                     stream.problem(item)
                 tick()
                 await stream.maybe_flush()
+        if not streamed:
+            kept.sort(key=_sort_key(order))
+            if limit is not None and len(kept) > limit:
+                kept, cut = kept[:limit], True
+            if as_json:
+                stream.lines.extend(_list_json(view, history) for view in kept)
         await stream.flush()
-        return rows, stream.problem_count, cut
+        return kept, stream.problem_count, cut
 
-    rows, problems, cut = _run(settings, body)
+    views, problems, cut = _run(settings, body)
     if not as_json:
         console = _out_console()
-        if rows:
-            console.print(_table(rows))
-        noun = "record" if len(rows) == 1 else "records"
+        if views:
+            rows = [listing.row(view) for view in views]
+            if wide or not console.terminal:
+                table, needed = listing.wide(rows)
+                console.print(table, width=needed)
+            else:
+                console.print(listing.fitted(rows, console.width))
+        noun = "record" if len(views) == 1 else "records"
         more = f" (--limit {limit} reached; more match)" if cut else ""
-        console.print(Text(f"{len(rows)} {noun}{more}"))
+        console.print(Text(f"{len(views)} {noun}{more}"))
     return EXIT_PROBLEMS if problems else EXIT_OK
-
-
-# -------------------------------------------------------------------------------- show
-
-
-def _show_view(console: _Screen, view: RecordView) -> None:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column(overflow="fold")
-    result = "-" if view.result is None else f"{len(view.result.encode('utf-8'))} bytes stored"
-    for name, value in (
-        ("identity", Text(_show_identity(view.identity))),
-        ("key", Text(view.key)),
-        ("status", _status_text(view.status)),
-        ("attempt", Text(str(view.attempt))),
-        ("receipt", Text(_clean(view.receipt) if view.receipt is not None else "-")),
-        ("result", Text(result)),
-        ("created", Text(_clean(view.created_at or "-"))),
-        ("updated", Text(_clean(view.updated_at or "-"))),
-        ("owner", Text(_owner_text(view))),
-        ("review reason", Text(_clean(view.review_reason or "-"))),
-    ):
-        grid.add_row(name, value)
-    console.print(grid)
-    console.print(Text("history", style="bold"))
-    history = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in ("AT (UTC)", "EVENT", "STATUS", "ATTEMPT"):
-        history.add_column(name, no_wrap=True)
-    history.add_column("NOTE", overflow="fold")
-    for event in view.history:
-        history.add_row(
-            Text(_when(event.at)),
-            Text(_clean(event.event)),
-            _status_text(event.status),
-            Text(str(event.attempt)),
-            Text(_clean(event.note or "-")),
-        )
-    console.print(history)
-
-
-@click.command("show")
-@_identity_args
-@click.option("--json", "as_json", is_flag=True, help="The full view as one JSON object.")
-@_journal_options
-@click.pass_context
-def show_command(
-    ctx: click.Context,
-    *,
-    scope: str,
-    program: str,
-    job: str,
-    item: str,
-    as_json: bool,
-    location: str | None,
-    input_key_file: str | None,
-    trust_shared_root: bool,
-) -> int:
-    """Show one record, its history included."""
-    settings = _settings(ctx, location, input_key_file, trust_shared_root)
-    identity = _coerce(scope, program, job, item)
-
-    async def body(journal: Journal) -> RecordView:
-        return await journal.inspect(identity)
-
-    view = _run(settings, body)
-    if view.status == "absent":
-        raise CommandError(
-            "NOT_FOUND", f"no record of {_show_identity(identity)}", exit_code=EXIT_PROBLEMS
-        )
-    if as_json:
-        _write([_dumps(_full_json(view), indent=2)])
-    else:
-        _show_view(_out_console(), view)
-    return EXIT_OK
 
 
 # ------------------------------------------------------------------------------ counts

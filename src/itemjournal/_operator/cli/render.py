@@ -8,28 +8,20 @@ is ASCII only, so stored text can never drive the terminal it is shown on."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from rich import box
 from rich.console import Console, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from ..._model.errors import JournalError
 from ..._model.identity import Identity
 from ..._model.records import Event
+from ..._model.text import safe_text
 from ..._model.view import RecordView
 
-# C0 and C1 controls, DEL, and the bidirectional overrides that can make a terminal show
-# text other than what is stored: shown escaped, never passed to the terminal.
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_DURATION = re.compile(r"(?:\d+[smhdw])+")
-_DURATION_PART = re.compile(r"(\d+)([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _STATUS_STYLE = {
     "started": "cyan",
     "succeeded": "green",
@@ -39,13 +31,9 @@ _STATUS_STYLE = {
 
 
 def _clean(text: str) -> str:
-    """Text safe to put on a terminal: control characters are shown escaped."""
-
-    def escape(match: re.Match[str]) -> str:
-        char = match.group()
-        return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
-
-    return _UNSAFE.sub(escape, text)
+    """Text safe to put on a terminal: control, escape, bidirectional and zero-width
+    characters shown escaped (``safe_text``, which the journal's log records use too)."""
+    return safe_text(text)
 
 
 def _error_line(code: str, message: str) -> str:
@@ -145,12 +133,22 @@ class _Screen:
         self.terminal = console.is_terminal
         self.console = console if self.terminal else Console(width=240, no_color=True)
 
-    def print(self, renderable: RenderableType) -> None:
+    @property
+    def width(self) -> int:
+        """The columns a table may use: the terminal's; piped, as many as it needs."""
+        return self.console.width
+
+    def print(self, renderable: RenderableType, *, width: int | None = None) -> None:
+        """Print ``renderable``; given ``width`` wider than the screen, that wide (a
+        terminal then wraps the lines)."""
+        console = self.console
+        if width is not None and width > console.width:
+            console = Console(width=width) if self.terminal else Console(width=width, no_color=True)
         if self.terminal:
-            self.console.print(renderable)
+            console.print(renderable)
             return
-        with self.console.capture() as captured:
-            self.console.print(renderable)
+        with console.capture() as captured:
+            console.print(renderable)
         _write(line.rstrip() for line in captured.get().splitlines())
 
 
@@ -200,26 +198,6 @@ def _detail(view: RecordView) -> str:
     if view.receipt is not None:
         return _clean(f"receipt {view.receipt}")
     return "-"
-
-
-def _row(view: RecordView) -> tuple[Text, ...]:
-    return (
-        _status_text(view.status),
-        *(Text(label) for label in view.identity),
-        Text(str(view.attempt)),
-        Text(_when(view.updated_at)),
-        Text(_detail(view)),
-    )
-
-
-def _table(rows: Sequence[tuple[Text, ...]]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    for name in ("STATUS", "SCOPE", "PROGRAM", "JOB", "ITEM", "ATTEMPT", "UPDATED (UTC)"):
-        table.add_column(name, no_wrap=True)
-    table.add_column("RECEIPT / REASON / OWNER", overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    return table
 
 
 def _view_lines(views: Iterable[RecordView], verb: str) -> list[str]:
