@@ -247,3 +247,12 @@ def test_one_table_of_exit_and_error_codes_in_help_and_readme() -> None:
     )
     raised = set(re.findall(r'(?:CommandError|_BadValue)\(\s*"([A-Z_]+)"', source))
     assert raised <= set(codes), raised - set(codes)
+
+
+def test_a_key_search_counts_the_records_it_could_not_read(tmp_path: Path) -> None:
+    root = tmp_path / "journal"
+    anyio.run(_seed, str(root))
+    spoiled = next(root.glob("*/*.json"))
+    spoiled.write_text("{not json", encoding="utf-8")
+    line = one_error(invoke("show", "--location", str(root), "ffffffff"), "NOT_FOUND")
+    assert "(1 record(s) could not be read)" in line

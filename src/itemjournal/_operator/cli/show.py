@@ -92,7 +92,7 @@ async def _find_by_key(journal: Journal, prefix: str) -> RecordView:
     unreadable = 0
     async with (
         _metered(journal, "searching", None, filtered=False) as tick,
-        contextlib.aclosing(journal.records()) as items,
+        contextlib.aclosing(journal.records(problems=True)) as items,
     ):
         async for item in items:
             tick()
