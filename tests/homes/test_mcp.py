@@ -320,7 +320,7 @@ def test_current_claim_outside_a_tool() -> None:
     assert caught.value.code == "INVALID_CLAIM"
 
 
-def test_bad_options_are_refused_when_made(journal_path: str = "/nonexistent") -> None:
+def test_bad_options_are_refused_when_made() -> None:
     with pytest.raises(InvalidArgument):
         effect_once(object(), scope="agent")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
