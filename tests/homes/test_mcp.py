@@ -348,3 +348,15 @@ async def test_registered_on_an_mcp_server_with_a_context(journal: Journal) -> N
     assert seen == ["printer"]
     assert meta(second)["replay"] is True
     assert wire(first) == wire(second)
+
+
+def test_the_core_does_not_import_the_sdk() -> None:
+    import subprocess
+    import sys
+
+    script = "import sys, itemjournal; print(' '.join(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    imported = {name.split(".")[0] for name in done.stdout.split()}
+    assert imported.isdisjoint({"mcp", "mcp_types", "pydantic", "pydantic_core"})
