@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio.lowlevel
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, ImageContent, TextContent
@@ -360,3 +361,29 @@ def test_the_core_does_not_import_the_sdk() -> None:
     )
     imported = {name.split(".")[0] for name in done.stdout.split()}
     assert imported.isdisjoint({"mcp", "mcp_types", "pydantic", "pydantic_core"})
+
+
+async def test_call_serves_a_low_level_handler(journal: Journal) -> None:
+    runs: list[dict[str, Any]] = []
+    once = effect_once(journal, scope="agent", definition="send-v1")
+
+    async def handler(name: str, arguments: dict[str, Any]) -> CallToolResult:
+        async def run() -> str:
+            runs.append(arguments)
+            return f"sent under {current_claim().key}"
+
+        return await once.call(name, arguments, run)
+
+    first = await handler("send", {"to": "ann", "idempotency_key": "low-1"})
+    again = await handler("send", {"to": "ann", "idempotency_key": "low-1"})
+    assert runs == [{"to": "ann", "idempotency_key": "low-1"}]
+    assert text(first) == text(again) == f"sent under {meta(first)['key']}"
+    assert meta(again)["replay"] is True
+    view = await journal.inspect(("agent", "mcp", "send", "k.low-1"))
+    assert view.status == "succeeded"
+
+    bare = effect_once(journal, scope="agent")
+    with pytest.raises(InvalidArgument) as caught:
+        await bare.call("send", {}, anyio.lowlevel.checkpoint)
+    assert "needs definition=" in str(caught.value)
+    assert len([view async for view in journal.records(scope="agent")]) == 1

@@ -16,8 +16,8 @@ import inspect
 import json
 import re
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeAlias
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from typing import Any, ParamSpec, TypeAlias
 
 from mcp.types import CallToolResult
 from pydantic_core import to_jsonable_python
@@ -49,7 +49,11 @@ __all__ = ["EffectOnce", "current_claim", "effect_once"]
 JournalSource: TypeAlias = "Journal | Callable[[], Journal | Awaitable[Journal]]"
 Arguments: TypeAlias = "Mapping[str, Any]"
 
+P = ParamSpec("P")
+
+# A key kept as it is in the item ``k.<key>``, which must stay a label (80 characters).
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,75}")
+_INPUT_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _MAX_INPUTS = 20
 _MAX_TEXT = 20_000
 
@@ -87,7 +91,7 @@ def inputs_of(arguments: Arguments) -> dict[str, InputValue]:
     one input, ``arguments``, the fingerprint of them all."""
     fits = len(arguments) <= _MAX_INPUTS and all(
         isinstance(name, str)
-        and _LABEL.fullmatch(name) is not None
+        and _INPUT_KEY.fullmatch(name) is not None
         and (
             value is None
             or isinstance(value, int)
@@ -179,7 +183,9 @@ class EffectOnce:
     def __repr__(self) -> str:
         return f"effect_once(scope={self._scope!r}, name={self._name!r})"
 
-    def __call__(self, func: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def __call__(
+        self, func: Callable[P, Awaitable[Any]]
+    ) -> Callable[P, Coroutine[Any, Any, CallToolResult]]:
         """Wrap an ``async def`` tool; the wrapper takes the same arguments and returns a
         ``CallToolResult`` (register it with ``server.tool()`` or ``server.add_tool``)."""
         if not is_async(func):
@@ -192,7 +198,7 @@ class EffectOnce:
         skipped = _context_parameters(func)
 
         @functools.wraps(func)
-        async def tool(*args: Any, **kwargs: Any) -> CallToolResult:
+        async def tool(*args: P.args, **kwargs: P.kwargs) -> CallToolResult:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             arguments = {k: v for k, v in bound.arguments.items() if k not in skipped}
