@@ -5,7 +5,8 @@ An agent retries a tool call when its result is late, ambiguous or lost, and a
 conversation resumed after a crash replays its last step. ``effect_once`` puts a journal
 record before the tool's effect, keeps its answer for replay, and answers "a person must
 look" instead of running an uncertain action a second time. It is built on the official
-Python SDK (``mcp``, the ``mcp`` extra) and works with its ``MCPServer``::
+Python SDK (``mcp`` 2.3 or later, the ``mcp`` extra; in it ``FastMCP`` is ``MCPServer``)
+and works with its ``MCPServer``::
 
     from mcp.server.mcpserver import MCPServer
     from itemjournal.mcp import current_claim, effect_once
@@ -55,7 +56,8 @@ What a call answers, as a ``CallToolResult``:
 * the tool raised ``itemjournal.Withdraw`` (nothing was sent): the claim is withdrawn,
   and a tool error says nothing was done and the call may be corrected and made again.
 
-An answer that cannot be stored for replay (not text or JSON, over 64 KiB) leaves the
+The receipt of a call is ``sha256:`` and the SHA-256 of its stored answer. An answer
+that cannot be stored for replay (not text or JSON, over 64 KiB) leaves the
 record ``needs_review``: the effect may have happened. ``stored_result(value)`` gives the
 stored form of an answer, for a reconciliation check that settles a call with the
 answer the tool would have given (``Happened(receipt, result=stored_result(...))``).
