@@ -1,6 +1,7 @@
 """Workers on a message broker through FastStream (extra ``faststream``).
 
-``JournalMiddleware`` runs each message's handler under a claim of a journal::
+``JournalMiddleware`` runs each message's handler under a claim of a journal; give it to
+the broker (or to a router) as one of its ``middlewares``::
 
     middleware = JournalMiddleware(
         journal, scope="shop", program="billing", job="charge",

@@ -125,8 +125,8 @@ class DeadLetter:
 
 
 class JournalMiddleware:
-    """A FastStream middleware (``RabbitBroker(middlewares=[...])`` or a subscriber's
-    ``middlewares=``) that runs each message's handler under a claim of ``journal``.
+    """A FastStream middleware (``RabbitBroker(middlewares=[...])``, or a router's) that
+    runs each message's handler under a claim of ``journal``.
 
     See the module ``itemjournal.faststream`` for the contract.
     """
