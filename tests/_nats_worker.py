@@ -2,7 +2,7 @@
 examples/broker_worker.py (which is RabbitMQ's), with ``NATS_URL``, ``SUBJECT`` (its
 stream is ``<SUBJECT>-stream``, the review stream ``<SUBJECT>-review`` on the subject
 ``<SUBJECT>.review``), ``LEDGER``, ``ITEMJOURNAL_LOCATION``, ``DRAIN_SECONDS`` and
-``EFFECT_SECONDS``."""
+``EFFECT_SECONDS``. The streams are made by the tests, before the workers start."""
 
 from __future__ import annotations
 
@@ -71,9 +71,6 @@ async def work() -> None:
 
         async with itemjournal.drain_on_signals(grace=drain_seconds) as drain:
             await broker.connect()
-            await broker.stream.add_stream(
-                name=f"{subject}-review", subjects=[f"{subject}.review"]
-            )
             await broker.start()
             print(f"worker {os.getpid()} consuming {subject}", flush=True)
             await drain.wait()

@@ -185,6 +185,7 @@ def test_killed_workers_charge_nothing_twice_and_lose_nothing(kind: str, tmp_pat
     require(kind)
     cluster = Cluster(kind, tmp_path, EFFECT_SECONDS="0.1")
     try:
+        cluster.broker.publish([])  # the queues (or streams), before any worker
         for _ in range(3):
             cluster.wait_consuming(cluster.start())
         orders = publish_orders(cluster)
