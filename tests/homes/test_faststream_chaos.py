@@ -243,3 +243,111 @@ def test_killed_workers_charge_nothing_twice_and_lose_nothing(kind: str, tmp_pat
     finally:
         cluster.kill_all()
         cluster.broker.delete()
+
+
+def test_sigterm_drains_the_messages_in_flight(tmp_path: Path) -> None:
+    require("rabbit")
+    cluster = Cluster("rabbit", tmp_path, EFFECT_SECONDS="0.2", PREFETCH="8", DRAIN_SECONDS="5")
+    try:
+        cluster.broker.publish([])
+        first = cluster.start()
+        cluster.wait_consuming(first)
+        orders = [f"order-{n}" for n in range(40)]
+        cluster.broker.publish(body(order) for order in orders)
+        deadline = time.monotonic() + 20
+        while True:
+            statuses = collections.Counter(v.status for v in cluster.records().values())
+            if statuses["started"] == 8:
+                break
+            assert time.monotonic() < deadline, statuses
+            time.sleep(0.01)
+        in_flight = statuses["started"]
+        signalled = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        code = first.wait(timeout=10)
+        drained_in = time.monotonic() - signalled
+        assert code == 0
+        assert drained_in < 5
+        after = cluster.records()
+        assert collections.Counter(v.status for v in after.values())["needs_review"] == 0
+        assert all(v.status == "succeeded" for v in after.values())
+        by_first = len(after)
+        cluster.run_until_empty(len(orders))
+        final = cluster.records()
+        assert sorted(final) == sorted(orders)
+        assert {v.status for v in final.values()} == {"succeeded"}
+        others = {v.owner.pid for v in final.values() if v.owner} - {first.pid}
+        assert others  # the rest went to the other workers
+        per_order = collections.Counter(order for order, _ in cluster.ledger_lines())
+        assert sorted(per_order) == sorted(orders)
+        assert set(per_order.values()) == {1}
+        print(
+            f"drain: SIGTERM with {in_flight} in flight (0.2 s effects, grace 5 s): exit {code} "
+            f"in {drained_in:.2f} s, 0 in review, {by_first} settled by the drained worker, "
+            f"{len(orders) - by_first} redelivered to {len(others)} other workers, "
+            f"1 charge per order"
+        )
+    finally:
+        cluster.kill_all()
+        cluster.broker.delete()
+
+
+def test_a_review_resolved_retry_is_redriven_and_charged_once(tmp_path: Path) -> None:
+    require("rabbit")
+    cluster = Cluster("rabbit", tmp_path)
+    try:
+        cluster.broker.publish([])
+        # A worker that died after its claim: the record is started by a process gone.
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import anyio, sys\n"
+                "from itemjournal import Journal, definition_digest\n"
+                "async def main():\n"
+                "    async with await Journal.open(sys.argv[1]) as journal:\n"
+                "        await journal.begin(('shop', 'billing', 'charge', 'order-7'),\n"
+                "                            {'amount_cents': 100}, 'charge-v1')\n"
+                "anyio.run(main)\n",
+                cluster.journal,
+            ],
+            check=True,
+        )
+        cluster.broker.publish([body("order-7")])
+        worker = cluster.start()
+        cluster.wait_consuming(worker)
+        deadline = time.monotonic() + 20
+        while cluster.broker.peek_review() < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert cluster.records()["order-7"].status == "needs_review"
+        assert cluster.ledger_lines() == []
+        itemjournal_cli = Path(sys.executable).parent / "itemjournal"
+        subprocess.run(
+            [
+                str(itemjournal_cli),
+                "resolve",
+                *ident("order-7"),
+                "--retry",
+                "--note",
+                "no charge in the ledger",
+            ],
+            env=cluster.env,
+            check=True,
+            capture_output=True,
+        )
+        assert cluster.redrive() == 1
+        deadline = time.monotonic() + 20
+        while cluster.records()["order-7"].status != "succeeded":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert cluster.stop_all() == [0]
+        view = cluster.records()["order-7"]
+        assert view.attempt == 2
+        assert cluster.ledger_lines() == [("order-7", view.key)]
+        assert cluster.broker.waiting() == 0
+        assert cluster.broker.peek_review() == 0
+        print("re-drive: 1 review resolved --retry, 1 message moved back, 1 effect")
+    finally:
+        cluster.kill_all()
+        cluster.broker.delete()
