@@ -6,6 +6,7 @@ skips its tests with the reason; with ITEMJOURNAL_REQUIRE_BROKERS=1 (as in CI) t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -213,10 +214,8 @@ class Jet:
             try:
                 js = client.jetstream()
                 for name in (self.stream, self.review_stream):
-                    try:
+                    with contextlib.suppress(NotFoundError):
                         await js.delete_stream(name)
-                    except NotFoundError:
-                        pass
             finally:
                 await client.close()
 

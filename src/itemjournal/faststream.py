@@ -46,14 +46,16 @@ broker hands them to other workers, while those in flight finish. With FastStrea
 Do not use ``AckPolicy.ACK_FIRST`` with it: the acknowledgement must come after the record.
 """
 
-from ._homes.broker import DeadLetter as DeadLetter
-from ._homes.broker import Header as Header
-from ._homes.broker import JournalMiddleware as JournalMiddleware
-from ._homes.broker import MessageId as MessageId
-from ._homes.broker import Refusal as Refusal
-from ._homes.broker import RefusalPolicy as RefusalPolicy
-from ._homes.broker import Reject as Reject
-from ._homes.broker import current_claim as current_claim
+from ._homes.broker import (
+    DeadLetter,
+    Header,
+    JournalMiddleware,
+    MessageId,
+    Refusal,
+    RefusalPolicy,
+    Reject,
+    current_claim,
+)
 
 __all__ = [
     "DeadLetter",

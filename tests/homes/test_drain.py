@@ -18,7 +18,9 @@ def ident(item: int) -> Identity:
     return Identity("shop", "mail", "send", f"item-{item}")
 
 
-async def _queue_of(count: int) -> tuple[
+async def _queue_of(
+    count: int,
+) -> tuple[
     anyio.streams.memory.MemoryObjectSendStream[int],
     anyio.streams.memory.MemoryObjectReceiveStream[int],
 ]:
@@ -111,7 +113,6 @@ async def test_sigterm_begins_the_drain(journal: Journal) -> None:
         done.append(item)
         return f"sent-{item}"
 
-
     async def numbers() -> object:
         item = 0
         while True:
@@ -135,16 +136,15 @@ async def test_a_wait_for_the_next_item_is_cut_short(journal: Journal) -> None:
     send, receive = anyio.create_memory_object_stream[int](1)
     taken: list[int] = []
     with anyio.fail_after(5):
-        async with Drain(grace=1, signals=()) as drain:
-            async with anyio.create_task_group() as group:
+        async with Drain(grace=1, signals=()) as drain, anyio.create_task_group() as group:
 
-                async def stop_later() -> None:
-                    await anyio.sleep(0.1)
-                    drain.stop()
+            async def stop_later() -> None:
+                await anyio.sleep(0.1)
+                drain.stop()
 
-                group.start_soon(stop_later)
-                async for item in drain.items(receive):
-                    taken.append(item)
+            group.start_soon(stop_later)
+            async for item in drain.items(receive):
+                taken.append(item)
     assert taken == []
     assert not drain.cancelled
     send.close()

@@ -10,9 +10,9 @@ from typing import Any
 import aio_pika
 import anyio
 import pytest
+from _brokers import AMQP_URL, Rabbit, body, require, unique
 from faststream.rabbit import RabbitBroker, RabbitQueue
 
-from _brokers import AMQP_URL, Rabbit, body, require, unique
 from itemjournal import InvalidArgument, Journal
 from itemjournal.faststream import (
     DeadLetter,
@@ -67,7 +67,7 @@ async def publish(name: str, *bodies: bytes, **properties: Any) -> None:
 
 async def settled(journal: Journal, order: str, status: str) -> None:
     with anyio.fail_after(10):
-        while (await journal.inspect(ident(order))).status != status:
+        while (await journal.inspect(ident(order))).status != status:  # noqa: ASYNC110 - another process
             await anyio.sleep(0.02)
 
 
@@ -90,7 +90,7 @@ async def test_claims_then_acks_and_reuses_without_running(tmp_path: Path, queue
             await settled(journal, "o1", "succeeded")
             await publish(queue.name, body("o1"), body("o1"))
             with anyio.fail_after(10):
-                while await anyio.to_thread.run_sync(queue.waiting):
+                while await anyio.to_thread.run_sync(queue.waiting):  # noqa: ASYNC110 - the broker
                     await anyio.sleep(0.05)
             await anyio.sleep(0.3)
         view = await journal.inspect(ident("o1"))
@@ -123,7 +123,7 @@ async def test_a_review_is_rejected_into_the_dead_letter_queue(
             await broker.declare_queue(RabbitQueue(queue.review, durable=True))
             await publish(queue.name, body("o2"))
             with anyio.fail_after(10):
-                while not await anyio.to_thread.run_sync(queue.peek_review):
+                while not await anyio.to_thread.run_sync(queue.peek_review):  # noqa: ASYNC110 - the broker
                     await anyio.sleep(0.05)
         taken = await anyio.to_thread.run_sync(queue.take_review)
     assert ran == []
@@ -161,7 +161,7 @@ async def test_a_failing_handler_is_dead_lettered_with_the_reason(
             await broker.declare_queue(RabbitQueue(queue.review, durable=True))
             await publish(queue.name, body("o3"), headers={"x-order": "o3"})
             with anyio.fail_after(10):
-                while not await anyio.to_thread.run_sync(queue.peek_review):
+                while not await anyio.to_thread.run_sync(queue.peek_review):  # noqa: ASYNC110 - the broker
                     await anyio.sleep(0.05)
         view = await journal.inspect(ident("o3"))
         taken = await anyio.to_thread.run_sync(queue.take_review)
@@ -201,11 +201,19 @@ def test_current_claim_outside_a_handler() -> None:
 async def test_arguments_are_checked(tmp_path: Path) -> None:
     async with await Journal.open(str(tmp_path / "j")) as journal:
         with pytest.raises(InvalidArgument):
-            JournalMiddleware("journal", scope="s", program="p", job="j", item=MessageId(),
-                              definition="v1")  # type: ignore[arg-type]
+            JournalMiddleware(
+                "journal", scope="s", program="p", job="j", item=MessageId(), definition="v1"
+            )  # type: ignore[arg-type]
         with pytest.raises(InvalidArgument):
-            JournalMiddleware(journal, scope="bad label", program="p", job="j",
-                              item=MessageId(), definition="v1")
+            JournalMiddleware(
+                journal, scope="bad label", program="p", job="j", item=MessageId(), definition="v1"
+            )
         with pytest.raises(InvalidArgument):
-            JournalMiddleware(journal, scope="s", program="p", job="j", item=42,  # type: ignore[arg-type]
-                              definition="v1")
+            JournalMiddleware(
+                journal,
+                scope="s",
+                program="p",
+                job="j",
+                item=42,  # type: ignore[arg-type]
+                definition="v1",
+            )

@@ -20,8 +20,8 @@ from typing import Any
 
 import anyio
 import pytest
-
 from _brokers import AMQP_URL, NATS_URL, Jet, Rabbit, body, require, unique
+
 from itemjournal import Journal
 
 pytestmark = pytest.mark.slow
@@ -42,8 +42,8 @@ class Cluster:
 
     def __init__(self, kind: str, tmp_path: Path, **extra: str) -> None:
         self.kind = kind
-        self.broker: Rabbit | Jet = Rabbit(unique("ij-test")) if kind == "rabbit" else Jet(
-            unique("ij-test")
+        self.broker: Rabbit | Jet = (
+            Rabbit(unique("ij-test")) if kind == "rabbit" else Jet(unique("ij-test"))
         )
         self.journal = str(tmp_path / "journal")
         self.ledger = tmp_path / "ledger"
@@ -132,9 +132,7 @@ class Cluster:
                         settled += 1
                     else:
                         assert order not in charged
-                        await journal.resolve(
-                            view.identity, retry=True, note="not in the ledger"
-                        )
+                        await journal.resolve(view.identity, retry=True, note="not in the ledger")
                         retried += 1
             return settled, retried
 

@@ -116,9 +116,7 @@ class DeadLetter:
         self._publish = publish
 
     async def __call__(self, message: StreamMessage[Any], refusal: Refusal) -> None:
-        headers = {
-            key: value for key, value in message.headers.items() if isinstance(value, str)
-        }
+        headers = {key: value for key, value in message.headers.items() if isinstance(value, str)}
         headers.update(refusal.headers())
         await self._publish(message.body, headers)
         await message.ack()
@@ -216,8 +214,6 @@ class JournalMiddleware:
                         await attempt.mark_review(problem)
                     raise InvalidArgument(problem, code="INVALID_RECEIPT")
                 await attempt.complete(receipt, result=result)
-            await message.ack()  # only now: the receipt is durable
-            return value
         except StorageFailed as error:
             if claimed is None:  # nothing was claimed: the broker may try it again
                 log.warning("message %s given back: %s", ident, error)
@@ -237,6 +233,9 @@ class JournalMiddleware:
         except Exception as error:
             await self._refuse(message, _refusal(error, ident, claimed))
             raise
+        else:
+            await message.ack()  # only now: the receipt is durable
+            return value
         finally:
             self.in_flight -= 1
 
@@ -257,12 +256,10 @@ def _code(error: BaseException, default: str) -> str:
 
 def _refusal(error: BaseException, ident: Identity, claimed: Claim | None) -> Refusal:
     reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return Refusal(
-        _code(error, "HANDLER_FAILED"), reason, ident, claimed.key if claimed else None
-    )
+    return Refusal(_code(error, "HANDLER_FAILED"), reason, ident, claimed.key if claimed else None)
 
 
-class _Scope(BaseMiddleware):  # type: ignore[type-arg]
+class _Scope(BaseMiddleware):
     """One message's pass through ``JournalMiddleware``."""
 
     def __init__(self, msg: Any, /, *, context: Any, owner: JournalMiddleware) -> None:

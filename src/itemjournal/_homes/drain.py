@@ -149,9 +149,7 @@ class Drain:
         return await self._group.__aexit__(exc_type, exc, tb)
 
 
-def drain_on_signals(
-    grace: float, signals: Iterable[signal.Signals] = _DEFAULT_SIGNALS
-) -> Drain:
+def drain_on_signals(grace: float, signals: Iterable[signal.Signals] = _DEFAULT_SIGNALS) -> Drain:
     """A ``Drain`` begun by SIGTERM or SIGINT (or ``signals``): ``async with
     drain_on_signals(grace=10) as drain:``."""
     return Drain(grace, signals=signals)
