@@ -4,6 +4,8 @@ runs on asyncio only, so these tests do too."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +219,41 @@ async def test_arguments_are_checked(tmp_path: Path) -> None:
                 item=42,  # type: ignore[arg-type]
                 definition="v1",
             )
+
+
+def test_the_core_imports_no_broker_client() -> None:
+    script = (
+        "import sys, itemjournal\n"
+        "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert set(done.stdout.split()).isdisjoint({"faststream", "aio_pika", "aiormq", "nats"})
+
+
+async def test_a_policy_that_fails_gives_the_message_back(tmp_path: Path, queue: Rabbit) -> None:
+    async with await Journal.open(str(tmp_path / "j")) as journal:
+        claim = await journal.begin(ident("o4"), {"amount_cents": 100}, "charge-v1")
+        await journal.mark_review(claim.identity, "unknown outcome")
+        tries: list[int] = []
+
+        async def broken(message: Any, refusal: Refusal) -> None:
+            tries.append(1)
+            raise ConnectionError("the review queue is unreachable")
+
+        broker = RabbitBroker(
+            AMQP_URL, middlewares=[middleware(journal, on_refused=broken)], logger=None
+        )
+
+        @broker.subscriber(RabbitQueue(queue.name, durable=True))
+        async def charge(b: dict[str, Any]) -> str:
+            raise AssertionError("never runs")
+
+        async with broker:
+            await broker.start()
+            await publish(queue.name, body("o4"))
+            with anyio.fail_after(10):
+                while len(tries) < 3:  # noqa: ASYNC110 - the broker redelivers
+                    await anyio.sleep(0.02)
+        assert await anyio.to_thread.run_sync(queue.waiting) == 1  # kept, not dropped

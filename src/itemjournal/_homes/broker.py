@@ -247,7 +247,13 @@ class JournalMiddleware:
             refusal.reason,
         )
         with anyio.CancelScope(shield=True):
-            await self._on_refused(message, refusal)
+            try:
+                await self._on_refused(message, refusal)
+            except Exception:
+                # The policy could not keep it (a dead-letter publish failed): give it back
+                # rather than let an acknowledgement policy reject or drop it.
+                log.exception("the refusal policy failed; the message is given back")
+                await message.nack()
 
 
 def _code(error: BaseException, default: str) -> str:
