@@ -181,7 +181,7 @@ def publish_orders(cluster: Cluster) -> list[str]:
 @pytest.mark.parametrize("kind", ["rabbit", "nats"])
 def test_killed_workers_charge_nothing_twice_and_lose_nothing(kind: str, tmp_path: Path) -> None:
     require(kind)
-    cluster = Cluster(kind, tmp_path, EFFECT_SECONDS="0.1")
+    cluster = Cluster(kind, tmp_path, EFFECT_SECONDS="0.2")
     try:
         cluster.broker.publish([])  # the queues (or streams), before any worker
         for _ in range(3):
