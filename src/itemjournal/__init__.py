@@ -12,6 +12,8 @@ from ._stores.registry import check_platform as _check_platform
 _check_platform()
 
 
+from ._homes.drain import Drain as Drain
+from ._homes.drain import drain_on_signals as drain_on_signals
 from ._homes.each import EachDone as EachDone
 from ._homes.each import EachFailure as EachFailure
 from ._homes.each import EachReport as EachReport
@@ -58,6 +60,7 @@ __all__ = [
     "ClaimedAttempt",
     "ConflictError",
     "DidNotHappen",
+    "Drain",
     "EachDone",
     "EachFailure",
     "EachReport",
@@ -86,6 +89,7 @@ __all__ = [
     "UnresolvedClaim",
     "Withdraw",
     "definition_digest",
+    "drain_on_signals",
     "identity_digest",
     "input_digest",
     "once",

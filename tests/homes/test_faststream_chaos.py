@@ -1,0 +1,351 @@
+"""Workers on real brokers, through the FastStream middleware, killed and restarted: 500
+messages (100 duplicates on purpose), 3 worker processes, at least 10 SIGKILLs at random.
+Every order is charged at most once; every message is acknowledged with its record
+``succeeded`` or dead-lettered with its record in review; none is lost. Then the reviews
+are settled (``resolve``, ``--retry`` when the ledger has no charge), the review queue
+re-driven, and every order is in the ledger exactly once. Also: a SIGTERM drain, and a
+re-drive of one review on its own."""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from _brokers import AMQP_URL, NATS_URL, Jet, Rabbit, body, require, unique
+
+from itemjournal import Journal
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EXAMPLE = ROOT / "examples" / "broker_worker.py"
+NATS_WORKER = ROOT / "tests" / "_nats_worker.py"
+ORDERS = 400
+DUPLICATES = 100
+
+
+def ident(order: str) -> tuple[str, str, str, str]:
+    return ("shop", "billing", "charge", order)
+
+
+class Cluster:
+    """Worker processes of one kind on one queue, one journal and one ledger."""
+
+    def __init__(self, kind: str, tmp_path: Path, **extra: str) -> None:
+        self.kind = kind
+        self.broker: Rabbit | Jet = (
+            Rabbit(unique("ij-test")) if kind == "rabbit" else Jet(unique("ij-test"))
+        )
+        self.journal = str(tmp_path / "journal")
+        self.ledger = tmp_path / "ledger"
+        self.env = {
+            **os.environ,
+            "AMQP_URL": AMQP_URL,
+            "NATS_URL": NATS_URL,
+            "QUEUE": self.broker.name,
+            "SUBJECT": self.broker.name,
+            "LEDGER": str(self.ledger),
+            "ITEMJOURNAL_LOCATION": self.journal,
+            "DRAIN_SECONDS": "5",
+            "PREFETCH": "4",
+            **extra,
+        }
+        self.logs = tmp_path
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.started = 0
+
+    def start(self) -> subprocess.Popen[bytes]:
+        script = EXAMPLE if self.kind == "rabbit" else NATS_WORKER
+        self.started += 1
+        log = open(self.logs / f"worker-{self.started}.log", "wb")  # noqa: SIM115
+        worker = subprocess.Popen(
+            [sys.executable, str(script)], env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        log.close()
+        self.workers.append(worker)
+        return worker
+
+    def wait_consuming(self, worker: subprocess.Popen[bytes], timeout: float = 20) -> None:
+        log = self.logs / f"worker-{self.workers.index(worker) + 1}.log"
+        deadline = time.monotonic() + timeout
+        while b"consuming" not in log.read_bytes():
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [worker for worker in self.workers if worker.poll() is None]
+
+    def stop_all(self) -> list[int]:
+        codes = []
+        for worker in self.alive():
+            worker.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            codes.append(worker.wait(timeout=30))
+        return codes
+
+    def kill_all(self) -> None:
+        for worker in self.alive():
+            worker.kill()
+            worker.wait()
+
+    def ledger_lines(self) -> list[tuple[str, str]]:
+        if not self.ledger.exists():
+            return []
+        return [
+            (line.split()[0], line.split()[1])
+            for line in self.ledger.read_text().splitlines()
+            if line.strip()
+        ]
+
+    def records(self) -> dict[str, Any]:
+        async def go() -> dict[str, Any]:
+            async with await Journal.open(self.journal) as journal:
+                return {view.identity.item: view async for view in journal.records()}
+
+        return anyio.run(go)
+
+    def settle_reviews(self) -> tuple[int, int]:
+        """Resolve every review from the ledger: a charge there is the receipt, none is a
+        retry (the effect is a local append, so its absence is proof). Returns
+        (with receipt, retried)."""
+        charged = {order: key for order, key in self.ledger_lines()}
+
+        async def go() -> tuple[int, int]:
+            settled = retried = 0
+            async with await Journal.open(self.journal) as journal:
+                async for view in journal.records(status="needs_review"):
+                    order = view.identity.item
+                    if charged.get(order) == view.key:
+                        await journal.resolve(
+                            view.identity, receipt=f"ledger:{order}", note="in the ledger"
+                        )
+                        settled += 1
+                    else:
+                        assert order not in charged
+                        await journal.resolve(view.identity, retry=True, note="not in the ledger")
+                        retried += 1
+            return settled, retried
+
+        return anyio.run(go)
+
+    def redrive(self) -> int:
+        if self.kind == "rabbit":
+            result = subprocess.run(
+                [sys.executable, str(EXAMPLE), "--redrive"],
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
+            return int(result.stdout.split()[1])
+        taken = self.broker.take_review()
+        self.broker.publish(body(message["order"]) for message, _ in taken)
+        return len(taken)
+
+    def run_until_empty(self, settled: int, timeout: float = 60) -> None:
+        """Workers until every order has settled and the queue holds nothing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            assert time.monotonic() < deadline, "the workers did not finish"
+            while len(self.alive()) < 3:
+                self.start()
+            records = self.records()
+            done = sum(1 for view in records.values() if view.status != "started")
+            if done >= settled and self.broker.waiting() == 0:
+                codes = self.stop_all()
+                if self.broker.waiting() == 0:
+                    return
+                del codes
+            time.sleep(0.3)
+
+
+def publish_orders(cluster: Cluster) -> list[str]:
+    orders = [f"order-{n}" for n in range(ORDERS)]
+    messages = orders + random.sample(orders, DUPLICATES)
+    random.shuffle(messages)
+    cluster.broker.publish(body(order) for order in messages)
+    return orders
+
+
+@pytest.mark.parametrize("kind", ["rabbit", "nats"])
+def test_killed_workers_charge_nothing_twice_and_lose_nothing(kind: str, tmp_path: Path) -> None:
+    require(kind)
+    cluster = Cluster(kind, tmp_path, EFFECT_SECONDS="0.2")
+    try:
+        cluster.broker.publish([])  # the queues (or streams), before any worker
+        for _ in range(3):
+            cluster.wait_consuming(cluster.start())
+        orders = publish_orders(cluster)
+        kills = 0
+        rng = random.Random()
+        while kills < 10:
+            time.sleep(rng.uniform(0.1, 0.3))
+            victim = rng.choice(cluster.alive())
+            victim.kill()
+            victim.wait()
+            kills += 1
+            cluster.start()
+        charged_during_kills = len(cluster.ledger_lines())
+        assert charged_during_kills < ORDERS  # every kill came while there was work
+        cluster.run_until_empty(ORDERS)
+
+        # After the run: at most one charge per order; each message acknowledged with its
+        # record succeeded, or dead-lettered with its record in review.
+        lines = cluster.ledger_lines()
+        per_order = collections.Counter(order for order, _ in lines)
+        assert max(per_order.values()) == 1
+        records = cluster.records()
+        assert sorted(records) == sorted(orders)
+        statuses = collections.Counter(view.status for view in records.values())
+        assert set(statuses) <= {"succeeded", "needs_review"}
+        for order, key in lines:
+            assert records[order].key == key
+        review = {order for order, view in records.items() if view.status == "needs_review"}
+        for order, view in records.items():
+            if view.status == "succeeded":
+                assert per_order[order] == 1
+        dead_lettered = cluster.broker.peek_review()
+        taken = cluster.broker.take_review()
+        assert len(taken) == dead_lettered
+        in_review_queue = {message["order"] for message, _ in taken}
+        assert in_review_queue == review  # every review is kept, nothing else is there
+        for _, headers in taken:
+            assert headers["x-itemjournal-code"] in {"REVIEW_REQUIRED", "HANDLER_FAILED"}
+        # Settle and re-drive: every order then in the ledger exactly once.
+        settled, retried = cluster.settle_reviews()
+        cluster.broker.publish(body(order) for order in sorted(in_review_queue))
+        cluster.run_until_empty(ORDERS)
+        final = collections.Counter(order for order, _ in cluster.ledger_lines())
+        assert sorted(final) == sorted(orders)
+        assert set(final.values()) == {1}
+        assert {view.status for view in cluster.records().values()} == {"succeeded"}
+        print(
+            f"{kind}: {ORDERS + DUPLICATES} messages ({DUPLICATES} duplicates), {kills} SIGKILLs, "
+            f"{cluster.started} worker starts, {charged_during_kills} charged by the last kill; "
+            f"{len(lines)} charges, at most 1 per order; "
+            f"{statuses['needs_review']} in review, {dead_lettered} dead-lettered; "
+            f"settled {settled} by receipt, {retried} retried and re-driven; "
+            f"final ledger {len(final)} orders, 1 charge each"
+        )
+    finally:
+        cluster.kill_all()
+        cluster.broker.delete()
+
+
+def test_sigterm_drains_the_messages_in_flight(tmp_path: Path) -> None:
+    require("rabbit")
+    cluster = Cluster("rabbit", tmp_path, EFFECT_SECONDS="0.2", PREFETCH="8", DRAIN_SECONDS="5")
+    try:
+        cluster.broker.publish([])
+        first = cluster.start()
+        cluster.wait_consuming(first)
+        orders = [f"order-{n}" for n in range(40)]
+        cluster.broker.publish(body(order) for order in orders)
+        deadline = time.monotonic() + 20
+        while True:
+            statuses = collections.Counter(v.status for v in cluster.records().values())
+            if statuses["started"] == 8:
+                break
+            assert time.monotonic() < deadline, statuses
+            time.sleep(0.01)
+        in_flight = statuses["started"]
+        signalled = time.monotonic()
+        first.send_signal(signal.SIGTERM)
+        code = first.wait(timeout=10)
+        drained_in = time.monotonic() - signalled
+        assert code == 0
+        assert drained_in < 5
+        after = cluster.records()
+        assert collections.Counter(v.status for v in after.values())["needs_review"] == 0
+        assert all(v.status == "succeeded" for v in after.values())
+        by_first = len(after)
+        cluster.run_until_empty(len(orders))
+        final = cluster.records()
+        assert sorted(final) == sorted(orders)
+        assert {v.status for v in final.values()} == {"succeeded"}
+        others = {v.owner.pid for v in final.values() if v.owner} - {first.pid}
+        assert others  # the rest went to the other workers
+        per_order = collections.Counter(order for order, _ in cluster.ledger_lines())
+        assert sorted(per_order) == sorted(orders)
+        assert set(per_order.values()) == {1}
+        print(
+            f"drain: SIGTERM with {in_flight} in flight (0.2 s effects, grace 5 s): exit {code} "
+            f"in {drained_in:.2f} s, 0 in review, {by_first} settled by the drained worker, "
+            f"{len(orders) - by_first} redelivered to {len(others)} other workers, "
+            f"1 charge per order"
+        )
+    finally:
+        cluster.kill_all()
+        cluster.broker.delete()
+
+
+def test_a_review_resolved_retry_is_redriven_and_charged_once(tmp_path: Path) -> None:
+    require("rabbit")
+    cluster = Cluster("rabbit", tmp_path)
+    try:
+        cluster.broker.publish([])
+        # A worker that died after its claim: the record is started by a process gone.
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import anyio, sys\n"
+                "from itemjournal import Journal, definition_digest\n"
+                "async def main():\n"
+                "    async with await Journal.open(sys.argv[1]) as journal:\n"
+                "        await journal.begin(('shop', 'billing', 'charge', 'order-7'),\n"
+                "                            {'amount_cents': 100}, 'charge-v1')\n"
+                "anyio.run(main)\n",
+                cluster.journal,
+            ],
+            check=True,
+        )
+        cluster.broker.publish([body("order-7")])
+        worker = cluster.start()
+        cluster.wait_consuming(worker)
+        deadline = time.monotonic() + 20
+        while cluster.broker.peek_review() < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert cluster.records()["order-7"].status == "needs_review"
+        assert cluster.ledger_lines() == []
+        itemjournal_cli = Path(sys.executable).parent / "itemjournal"
+        subprocess.run(
+            [
+                str(itemjournal_cli),
+                "resolve",
+                *ident("order-7"),
+                "--retry",
+                "--note",
+                "no charge in the ledger",
+            ],
+            env=cluster.env,
+            check=True,
+            capture_output=True,
+        )
+        assert cluster.redrive() == 1
+        deadline = time.monotonic() + 20
+        while cluster.records()["order-7"].status != "succeeded":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert cluster.stop_all() == [0]
+        view = cluster.records()["order-7"]
+        assert view.attempt == 2
+        assert cluster.ledger_lines() == [("order-7", view.key)]
+        assert cluster.broker.waiting() == 0
+        assert cluster.broker.peek_review() == 0
+        print("re-drive: 1 review resolved --retry, 1 message moved back, 1 effect")
+    finally:
+        cluster.kill_all()
+        cluster.broker.delete()
