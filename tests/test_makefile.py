@@ -50,7 +50,7 @@ def test_an_empty_variable_still_means_no_server() -> None:
 def recipes(target: str) -> list[str]:
     """The commands ``make TARGET`` would run from scratch (``make -n -B``: nothing run)."""
     done = subprocess.run(
-        ["make", "-n", "-B", "-f", str(MAKEFILE), target],
+        ["make", "--no-print-directory", "-n", "-B", "-f", str(MAKEFILE), target],
         cwd=MAKEFILE.parent,
         capture_output=True,
         text=True,

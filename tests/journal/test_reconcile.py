@@ -412,11 +412,33 @@ async def test_the_same_record_unchanged_is_resolved_by_the_guarded_step(
     assert done.status == "released"
 
 
+class GatheringProvider(Provider):
+    """Holds the first checks until ``limit`` of them are in flight: how many run at once
+    then depends on the reconciliation alone, not on how fast this machine reads records
+    (under load, 5 ms checks could end before the twelfth began)."""
+
+    def __init__(self, journal: Journal, limit: int) -> None:
+        super().__init__(journal)
+        self.limit = limit
+        self.gathered = anyio.Event()
+
+    async def __call__(self, view: RecordView) -> Any:
+        if self.in_flight + 1 >= self.limit:
+            self.gathered.set()
+        self.in_flight += 1
+        try:
+            await self.gathered.wait()
+        finally:
+            self.in_flight -= 1
+        return await super().__call__(view)
+
+
 async def test_limit_bounds_the_checks_in_flight(journal: Journal) -> None:
     await make_review(journal, [f"order-{n}" for n in range(40)])
     for limit in (1, 3, 12):
-        provider = Provider(journal, pause=0.005)
-        report = await journal.reconcile(provider, limit=limit, dry_run=True)
+        provider = GatheringProvider(journal, limit)
+        with anyio.fail_after(30):  # fewer than ``limit`` at once would never gather
+            report = await journal.reconcile(provider, limit=limit, dry_run=True)
         assert report.checked == 40
         assert provider.most_in_flight == limit, (limit, provider.most_in_flight)
 
