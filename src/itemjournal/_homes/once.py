@@ -4,7 +4,6 @@ once per identity, through the claim block."""
 from __future__ import annotations
 
 import functools
-import inspect
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, ParamSpec, TypeAlias, overload
@@ -29,6 +28,7 @@ from .._model.identity import (
     input_digest,
 )
 from .._model.records import receipt_problem, result_problem
+from .sources import JournalSource, journal_of
 
 __all__ = ["once"]
 
@@ -36,7 +36,6 @@ P = ParamSpec("P")
 
 InputValue: TypeAlias = "str | int | bool | None"
 Inputs: TypeAlias = "Mapping[str, InputValue]"
-JournalSource: TypeAlias = "Journal | Callable[[], Journal | Awaitable[Journal]]"
 Pair: TypeAlias = "tuple[str, str | None]"
 
 # What a call returns, decided once when the function is decorated (see ``once``).
@@ -228,19 +227,7 @@ class Once:
         return run_once
 
     async def _journal_now(self) -> Journal:
-        source = self._journal
-        if isinstance(source, Journal):
-            return source
-        value = source()
-        if inspect.isawaitable(value):
-            value = await value
-        if not isinstance(value, Journal):
-            raise InvalidArgument(
-                f"the journal function given to once() returned {type(value).__name__}, "
-                "not a Journal",
-                code="INVALID_ARGUMENT",
-            )
-        return value
+        return await journal_of(self._journal, "once()")
 
 
 def _name(func: object) -> str:

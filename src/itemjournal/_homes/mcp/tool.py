@@ -42,11 +42,11 @@ from ..._model.identity import (
     identity_digest,
 )
 from ..._model.view import Claim
+from ..sources import JournalSource, journal_of
 from . import answers
 
 __all__ = ["EffectOnce", "current_claim", "effect_once"]
 
-JournalSource: TypeAlias = "Journal | Callable[[], Journal | Awaitable[Journal]]"
 Arguments: TypeAlias = "Mapping[str, Any]"
 
 P = ParamSpec("P")
@@ -308,19 +308,7 @@ class EffectOnce:
         return known
 
     async def _journal_now(self) -> Journal:
-        source = self._journal
-        if isinstance(source, Journal):
-            return source
-        value = source()
-        if inspect.isawaitable(value):
-            value = await value
-        if not isinstance(value, Journal):
-            raise InvalidArgument(
-                f"the journal function given to effect_once() returned {type(value).__name__}, "
-                "not a Journal",
-                code="INVALID_ARGUMENT",
-            )
-        return value
+        return await journal_of(self._journal, "effect_once()")
 
 
 def _context_parameters(func: Callable[..., Any]) -> frozenset[str]:
