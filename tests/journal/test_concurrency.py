@@ -263,8 +263,10 @@ async def test_different_identities_do_their_disk_work_in_parallel(
     )
     assert len(claims) == 64
     assert all(isinstance(c, Claim) for c in claims)
-    assert total < 64 * one / 4, (total, one)
-    assert fs.max_inside > 1
+    # The fact the name states, counted rather than timed: many saves were inside their
+    # 50 ms fsync at the same moment (one at a time would make this 1). The wall time is
+    # printed only; on a loaded machine it says more about the machine than the journal.
+    assert fs.max_inside >= 8, fs.max_inside
     statuses = {(await journal.inspect(i)).status for i in identities}
     assert statuses == {"started"}
 
