@@ -13,7 +13,7 @@ DIST_WORKERS ?= 2
 # More pytest arguments for the installed suite (`-m "not slow"`, `-k packaging`).
 DIST_PYTEST_ARGS ?=
 
-.PHONY: demo test lint dist test-dist docs bench bench-quick clean
+.PHONY: demo test lint dist test-dist docs bench bench-quick bench-instructions clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,11 @@ bench: $(BIN)/.installed
 bench-quick: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench.py --quick $(BENCH_ARGS)
+
+# Instructions per begin + complete on MemoryStore, and the floor beside them, counted by
+# valgrind's callgrind (Debian: valgrind): repeatable whatever else the machine is doing.
+bench-instructions: $(BIN)/.installed
+	$(BIN)/python benchmarks/instructions.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .coverage .mypy_cache .ruff_cache dist site

@@ -105,7 +105,7 @@ async def test_a_keyed_journal_over_a_memory_store_fingerprints_with_its_key() -
     assert journal.input_kind.startswith("hmac-sha256:")
 
 
-async def test_steps_run_in_a_worker_thread() -> None:
+async def test_steps_run_on_the_event_loop_with_no_worker_thread() -> None:
     store = MemoryStore()
     seen: list[int] = []
 
@@ -115,8 +115,69 @@ async def test_steps_run_in_a_worker_thread() -> None:
 
     await store.apply(ITEM, step)
     await store.peek(ITEM, lambda record: seen.append(threading.get_ident()))
-    assert len(seen) == 2
-    assert threading.get_ident() not in seen
+    assert seen == [threading.get_ident()] * 2
+
+
+async def test_a_step_that_must_read_proc_to_judge_an_owner_runs_again_in_a_thread() -> None:
+    """Another process's liveness is read from ``/proc``: not on the event loop (the
+    blocking-call detector would fail this test on asyncio). The step is stopped there
+    and run again in a worker thread, which answers."""
+    store = MemoryStore()
+    gone = dataclasses.replace(store.owner(), pid=2**22 + 17)  # no such process
+    ran: list[tuple[int, bool | None]] = []
+
+    def step(current: Record | None) -> Step[bool | None]:
+        alive = store.owner_alive(gone)
+        ran.append((threading.get_ident(), alive))
+        return Step(None, alive)
+
+    assert await store.apply(ITEM, step) is False
+    assert await store.peek(ITEM, lambda record: store.owner_alive(gone)) is False
+    assert len(ran) == 1  # the run on the loop stopped before it got an answer
+    assert ran[0][0] != threading.get_ident()
+
+
+async def test_this_process_as_owner_is_judged_on_the_loop() -> None:
+    store = MemoryStore()
+    me = await anyio.to_thread.run_sync(store.owner)  # named once (reads /proc)
+    threads: list[int] = []
+
+    def step(current: Record | None) -> Step[tuple[object, bool | None]]:
+        threads.append(threading.get_ident())
+        return Step(None, (store.owner(), store.owner_alive(me)))
+
+    assert await store.apply(ITEM, step) == (me, True)
+    assert threads == [threading.get_ident()]
+
+
+async def test_a_step_on_the_loop_waits_in_a_thread_for_an_identity_a_thread_holds() -> None:
+    store = MemoryStore()
+    release = threading.Event()
+    entered = threading.Event()
+    order: list[str] = []
+
+    def slow(current: Record | None) -> Step[None]:
+        order.append("slow")
+        entered.set()
+        release.wait(5)
+        return Step(None, None)
+
+    def slow_owner_step(current: Record | None) -> Step[None]:
+        store.gone_reason(None)  # always read in a thread
+        return slow(current)
+
+    def quick(current: Record | None) -> Step[None]:
+        order.append("quick")
+        return Step(None, None)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.apply, ITEM, slow_owner_step)
+        await anyio.to_thread.run_sync(entered.wait, 5)
+        tg.start_soon(store.apply, ITEM, quick)
+        await anyio.sleep(0.05)
+        assert order == ["slow"]  # the quick step did not run beside the held identity
+        release.set()
+    assert order == ["slow", "quick"]
 
 
 # ---------------------------------------------------------------------------- strictness
@@ -236,6 +297,7 @@ async def test_aclose_waits_for_a_call_under_way_then_refuses_every_later_call()
     record = started_record(ITEM)
 
     def slow(current: Record | None) -> Step[str]:
+        store.gone_reason(None)  # a question only a worker thread answers: the step runs there
         entered.set()
         release.wait(10)
         return Step(record, "written")
@@ -287,6 +349,7 @@ async def test_a_cancelled_aclose_still_waits_for_the_call_under_way() -> None:
     entered, release = threading.Event(), threading.Event()
 
     def slow(current: Record | None) -> Step[str]:
+        store.gone_reason(None)  # a question only a worker thread answers: the step runs there
         entered.set()
         release.wait(10)
         return Step(started_record(ITEM), "written")
@@ -314,6 +377,7 @@ async def test_a_natively_cancelled_aclose_still_waits_then_stays_cancelled(
     entered, release = threading.Event(), threading.Event()
 
     def slow(current: Record | None) -> Step[str]:
+        store.gone_reason(None)  # a question only a worker thread answers: the step runs there
         entered.set()
         release.wait(10)
         return Step(started_record(ITEM), "written")
@@ -467,24 +531,35 @@ async def test_64_concurrent_begins_grant_exactly_one_claim(journals: int) -> No
 
 
 async def test_steps_on_one_identity_never_overlap() -> None:
+    """Half the steps run on the loop, half in worker threads (they ask what only a
+    thread may read); none of them runs while another of the same identity does."""
     store = MemoryStore()
     inside = 0
     overlaps = 0
+    threads = 0
     guard = threading.Lock()
 
-    def step(current: Record | None) -> Step[None]:
-        nonlocal inside, overlaps
-        with guard:
-            inside += 1
-            overlaps += inside > 1
-        time.sleep(0.0002)
-        with guard:
-            inside -= 1
-        return Step(None, None)
+    def step(in_a_thread: bool) -> StepFunction[None]:
+        def run(current: Record | None) -> Step[None]:
+            nonlocal inside, overlaps, threads
+            if in_a_thread:
+                store.gone_reason(None)
+            with guard:
+                inside += 1
+                overlaps += inside > 1
+                threads += in_a_thread
+            if in_a_thread:
+                time.sleep(0.0002)
+            with guard:
+                inside -= 1
+            return Step(None, None)
+
+        return run
 
     async with anyio.create_task_group() as tg:
-        for _ in range(32):
-            tg.start_soon(store.apply, ITEM, step)
+        for index in range(32):
+            tg.start_soon(store.apply, ITEM, step(index % 2 == 1))
+    assert threads == 16
     assert overlaps == 0
 
 
@@ -536,7 +611,7 @@ async def test_a_cancelled_begin_leaves_nothing_or_its_claim() -> None:
 
 
 class GatedStore(MemoryStore):
-    """Once armed, each step waits (in its worker thread) after deciding, until let go:
+    """Once armed, each step runs in a worker thread and waits there after deciding, until let go:
     a native cancellation can then land while the write is under way."""
 
     def __init__(self) -> None:
@@ -549,6 +624,8 @@ class GatedStore(MemoryStore):
         armed = self.armed
 
         def gated(current: Record | None) -> Step[T]:
+            if armed:
+                self.gone_reason(None)  # only a worker thread answers: the step runs there
             decision = step(current)
             if armed:
                 self.entered.set()

@@ -6,11 +6,15 @@ It keeps each record as the exact bytes the durable stores would write
 would over a file or a database; only durability is missing. Nothing survives the
 process, and nothing is shared with another one.
 
-Steps run in worker threads, one trip per operation, as in the durable stores: the
-journal's steps read ``/proc`` to tell whether an owner process is alive, and that must
-not happen on the event loop. A lock per identity, taken only inside the worker trip,
-makes read-step-write atomic for that identity; different identities proceed in
-parallel.
+Nothing here touches a disk, so the store runs each step on the event loop, after one
+checkpoint, with no worker thread: read, step and write happen with no ``await`` between
+them, so nothing else on the loop can come between. One thing a step may ask does read
+files: whether the owner of a ``started`` record is alive, when that owner is another
+process (``/proc``), or when this process has not been named yet (its boot log). Such a
+step is stopped before it decides anything and run again in a worker thread, where it
+may read them; a step is a pure function of the record it is given, so running it again
+changes nothing. A lock per identity, held for a read-step-write, keeps such a worker
+trip and the steps on the loop apart for that identity.
 """
 
 from __future__ import annotations
@@ -28,14 +32,18 @@ import anyio.lowlevel
 from .._model.codec import decode_record, encode_record
 from .._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from .._model.identity import Identity, IdentityLike, coerce_identity, identity_digest
-from .._model.records import STATUSES, Record
-from .owners import ProcessOwners
+from .._model.records import STATUSES, Owner, Record
+from .owners import ProcessOwners, known_own_owner
 from .seam import Step, StepFunction, Tally
 from .threads import Trips
 
 __all__ = ["MemoryStore"]
 
 T = TypeVar("T")
+
+
+class _ReadsFiles(Exception):
+    """A step on the event loop asked what only files can tell: run it in a thread."""
 
 
 class MemoryStore(ProcessOwners):
@@ -62,12 +70,15 @@ class MemoryStore(ProcessOwners):
         # reader refused it, for as long as the document is that very bytes object (a
         # write or ``put_document`` stores a new one). ``tally`` reads only what changed.
         self._told: dict[str, tuple[bytes, str | None]] = {}
-        # One lock per identity ever written, held only inside a worker trip, for the
-        # whole read-step-write. The dicts need no lock of their own: each touch of them
-        # is one dict operation, atomic in Python, so that nothing running on the event
-        # loop (``setting``, ``document``) ever waits for a worker thread.
+        # One lock per identity ever written, held for the whole read-step-write (on the
+        # loop, or in a worker trip). The dicts need no lock of their own: each touch of
+        # them is one dict operation, atomic in Python, so that nothing running on the
+        # event loop ever waits for a worker thread.
         self._identity_locks: dict[str, threading.Lock] = {}
         self._trips = Trips(self)  # worker trips under way; closing waits for them
+        # Set in the thread that runs a step on its event loop, for as long as it does:
+        # then an owner question that reads files stops the step (``_ReadsFiles``).
+        self._on_loop = threading.local()
 
     def __repr__(self) -> str:
         return f"MemoryStore({self.location!r})"
@@ -113,18 +124,68 @@ class MemoryStore(ProcessOwners):
         return self._settings.setdefault(name, value)
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
-        """Read the record, run ``step``, keep what it writes, answer; see ``Store.apply``."""
+        """Read the record, run ``step``, keep what it writes, answer; see ``Store.apply``.
+
+        On the event loop after one checkpoint; in a worker thread when the step must
+        read files to judge an owner (see the module's docstring)."""
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        lock = self._identity_lock(identity_digest(identity))
+        if lock.acquire(blocking=False):  # else a worker trip has it: wait in a thread
+            self._on_loop.active = True
+            try:
+                return self._apply_locked(identity, step)
+            except _ReadsFiles:
+                pass
+            finally:
+                self._on_loop.active = False
+                lock.release()
         return await self._trip(self._apply_sync, identity, step)
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
-        """Read the record and pass it to ``view``, in one worker trip."""
+        """Read the record and pass it to ``view``: on the event loop, or in a worker
+        thread when ``view`` must read files to judge an owner."""
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        self._on_loop.active = True
+        try:
+            return self._peek_sync(identity, view)
+        except _ReadsFiles:
+            pass
+        finally:
+            self._on_loop.active = False
         return await self._trip(self._peek_sync, identity, view)
+
+    # What a step asks of owners: answered on the loop only when no file must be read.
+
+    def _reads_files(self) -> bool:
+        return getattr(self._on_loop, "active", False)
+
+    def owner(self) -> Owner:
+        if self._reads_files():
+            me = known_own_owner()
+            if me is None:
+                raise _ReadsFiles
+            return me
+        return super().owner()
+
+    def owner_alive(self, owner: Owner | None) -> bool | None:
+        if self._reads_files():
+            if owner is not None and owner == known_own_owner():
+                return True  # the judge is that very process
+            raise _ReadsFiles
+        return super().owner_alive(owner)
+
+    def gone_reason(self, owner: Owner | None) -> str:
+        if self._reads_files():
+            raise _ReadsFiles
+        return super().gone_reason(owner)
 
     async def scan(
         self, *, status: str | None = None, after: str | None = None, batch: int = 256
     ) -> AsyncGenerator[Record | RecordInvalid | StorageFailed, None]:
         """Every record in the order of its identity digest (after ``after``, when given),
-        ``batch`` per worker trip.
+        ``batch`` at a time, with a checkpoint before each.
 
         The digests are taken when the scan starts: a record added later is not seen, one
         removed meanwhile is skipped, and one replaced is read as it is when its batch is
@@ -135,10 +196,13 @@ class MemoryStore(ProcessOwners):
             raise InvalidArgument(
                 f"a scan's batch is a positive integer, not {batch!r}", code="INVALID_ARGUMENT"
             )
-        digests = await self._trip(self._digests_sync, after)
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        digests = self._digests_sync(after)
         for start in range(0, len(digests), batch):
-            page = await self._trip(self._load_sync, digests[start : start + batch], status)
-            for item in page:
+            await anyio.lowlevel.checkpoint()
+            self._check_open()
+            for item in self._load_sync(digests[start : start + batch], status):
                 yield item
 
     async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
@@ -151,7 +215,9 @@ class MemoryStore(ProcessOwners):
     async def tally(self) -> Tally:
         """The records per status and ``invalid``, exactly as a full scan counts them: a
         document is read strictly once, and again only after it is replaced."""
-        return Tally(await self._trip(self._tally_sync), exact=True)
+        await anyio.lowlevel.checkpoint()
+        self._check_open()
+        return Tally(self._tally_sync(), exact=True)
 
     async def check(self) -> list[str]:
         """The store's own problems beyond its records: none. A memory store has no temp
@@ -183,7 +249,7 @@ class MemoryStore(ProcessOwners):
         else:
             self._documents[digest] = data
 
-    # ------------------------------------------------------------------ worker-thread code
+    # ------------------------------------------------------------------ steps (loop or thread)
 
     def _where(self, digest: str) -> str:
         return f"{self.location}#{digest}"
@@ -195,23 +261,27 @@ class MemoryStore(ProcessOwners):
         return lock
 
     def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T:
+        with self._identity_lock(identity_digest(identity)):
+            return self._apply_locked(identity, step)
+
+    def _apply_locked(self, identity: Identity, step: StepFunction[T]) -> T:
         digest = identity_digest(identity)
-        where = self._where(digest)
-        with self._identity_lock(digest):
-            data = self._documents.get(digest)
-            current = None if data is None else decode_record(data, identity, location=where)
-            decision: Step[T] = step(current)
-            if decision.delete:
-                self._documents.pop(digest, None)
-                self._told.pop(digest, None)
-                return decision.answer
-            if decision.write is None:
-                return decision.answer
-            # Refuses (RECORD_INVALID) what the strict reader would, an oversize record too.
-            data = encode_record(decision.write)
-            self._documents[digest] = data
-            self._told[digest] = (data, decision.write.status)
+        data = self._documents.get(digest)
+        current = (
+            None if data is None else decode_record(data, identity, location=self._where(digest))
+        )
+        decision: Step[T] = step(current)
+        if decision.delete:
+            self._documents.pop(digest, None)
+            self._told.pop(digest, None)
             return decision.answer
+        if decision.write is None:
+            return decision.answer
+        # Refuses (RECORD_INVALID) an oversize record, or text that is not Unicode.
+        data = encode_record(decision.write)
+        self._documents[digest] = data
+        self._told[digest] = (data, decision.write.status)
+        return decision.answer
 
     def _peek_sync(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
         digest = identity_digest(identity)

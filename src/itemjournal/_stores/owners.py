@@ -56,6 +56,7 @@ __all__ = [
     "current_owner",
     "current_pid",
     "gone_reason",
+    "known_own_owner",
     "local_process_space",
     "own_process",
     "owner_alive",
@@ -374,6 +375,15 @@ def current_owner() -> Owner:
     owner = Owner(_host(), pid, _started_at(ticks), name)
     _me = (pid, owner)
     return owner
+
+
+def known_own_owner() -> Owner | None:
+    """This process as an owner when ``current_owner`` has already named it exactly (and
+    no fork happened since); None otherwise. Reads nothing, so it may run anywhere."""
+    me = _me
+    if me is not None and me[0] == _pid:
+        return me[1]
+    return None
 
 
 def _namespace_gone(inode: int) -> bool:
