@@ -269,7 +269,8 @@ async def test_a_step_that_raises_writes_nothing() -> None:
 
 async def test_a_record_the_strict_reader_would_refuse_is_never_written() -> None:
     store = MemoryStore()
-    bad = dataclasses.replace(started_record(ITEM), claim_id="x")
+    # Text from outside the journal is where a record could break the reader's rules.
+    bad = dataclasses.replace(started_record(ITEM), review_reason="r" * 501)
 
     with pytest.raises(RecordInvalid):
         await store.apply(ITEM, lambda current: Step(bad, None))

@@ -2,11 +2,14 @@
 
 The reader trusts nothing it reads: every field is checked against the record's rules
 (``records``), the JSON must be standard, a document must belong to the identity it is
-stored under, and anything off is ``RECORD_INVALID``. The writer proves every document
-readable by reading it back before it is written. Both keep small bounded caches of what
-they already checked, since a journal reads and writes the same few documents, labels and
-times again and again. Kept apart from ``records`` because only the stores (and the tests
-of hostile files) need the bytes; the rest of the library needs only the record.
+stored under, and anything off is ``RECORD_INVALID``. The writer encodes a record once
+and checks its fields by the reader's own rules on the record itself, without parsing its
+bytes back: what it writes is what the reader accepts, and the bytes are remembered as
+that record, so the journal's next read of them parses nothing. Both keep small bounded
+caches of what they already checked, since a journal reads and writes the same few
+documents, labels and times again and again. Kept apart from ``records`` because only
+the stores (and the tests of hostile files) need the bytes; the rest of the library
+needs only the record.
 """
 
 from __future__ import annotations
@@ -92,12 +95,16 @@ def clear_decode_cache() -> None:
 
 
 def encode_record(record: Record) -> bytes:
-    """The document's bytes, proven readable: they go through the strict reader first.
+    """The document's bytes, encoded once; refused if the strict reader would refuse them.
 
-    A record the reader would reject (a reason too long, a lone surrogate, a bug) is
-    refused here, before anything is written, with ``RECORD_INVALID``: a journal must
-    never write what it cannot read back.
+    The record's fields are checked by the reader's rules (``_check``) and the bytes for
+    the reader's limits (size, valid UTF-8) without being parsed back: a record the
+    reader would reject (a reason too long, a lone surrogate, a bug) is refused here,
+    before anything is written, with ``RECORD_INVALID``, because a journal must never
+    write what it cannot read back. ``test_records`` and the hostile-record suite prove
+    that the reader reads every such document back as the very record.
     """
+    owner = record.owner
     document: dict[str, Any] = {
         "version": VERSION if record.result is None else RESULT_VERSION,
         "identity": list(record.identity),
@@ -110,7 +117,7 @@ def encode_record(record: Record) -> bytes:
         "attempt": record.attempt,
         "created_at": record.created_at,
         "updated_at": record.updated_at,
-        "owner": None if record.owner is None else _owner_document(record.owner),
+        "owner": None if owner is None else _owner_document(owner),
         "review_reason": record.review_reason,
         "history": [
             {"at": e.at, "event": e.event, "status": e.status, "attempt": e.attempt, "note": e.note}
@@ -119,23 +126,51 @@ def encode_record(record: Record) -> bytes:
     }
     if record.result is not None:
         document["result"] = record.result
-    # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
-    text = _ENCODER.encode(document)
     try:
-        data = (text + "\n").encode("utf-8")
-        again = _decode(data, record.identity)
-    except (_Bad, UnicodeEncodeError) as error:
+        _check(record)
+        # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
+        data = (_ENCODER.encode(document) + "\n").encode("utf-8")
+        if len(data) > MAX_RECORD_BYTES:
+            raise _Bad(f"record is larger than {MAX_RECORD_BYTES} bytes")
+    except (_Bad, UnicodeEncodeError, TypeError, ValueError) as error:
         raise RecordInvalid(
             f"refusing to write a record of {list(record.identity)} that the strict reader "
             f"would reject: {error}"
         ) from None
-    if again != record:
-        raise RecordInvalid(
-            f"refusing to write a record of {list(record.identity)} that does not read back "
-            f"as written"
-        )
-    _remember(data, again)
+    _remember(data, record)
     return data
+
+
+def _check(record: Record) -> None:
+    """The reader's rules for what a record's text fields may hold, applied before it is
+    written: the receipt, the result, the review reason and the history's notes are
+    where text from outside the journal (a caller's, an exception's message) lands.
+
+    The other fields are the journal's own making, correct by construction: labels
+    checked when the identity was taken (``coerce_identity``), digests and claim ids it
+    computed, times from ``utc_now``, the owner this process named, statuses and events
+    of the state machine, a history it bounds. They are not checked again on every
+    write; the suites that build every kind of record (``test_model``,
+    ``test_hostile_records``) read each one back strictly and compare.
+    """
+    status = record.status
+    if status == "succeeded":
+        problem = receipt_problem(record.receipt)
+        if problem:
+            raise _Bad(f"succeeded record with a bad receipt: {problem}")
+    elif record.receipt is not None:
+        raise _Bad(f"a {status} record carries a receipt")
+    if record.result is not None:
+        problem = result_problem(record.result)
+        if problem:
+            raise _Bad(f"bad result: {problem}")
+        if status != "succeeded":
+            raise _Bad(f"a {status} record carries a result")
+    if record.review_reason is not None:
+        _opt_note(record.review_reason, "review reason")
+    for event in record.history:
+        if event.note is not None:
+            _opt_note(event.note, "history note")
 
 
 class _Bad(Exception):
