@@ -104,31 +104,33 @@ def encode_record(record: Record) -> bytes:
     write what it cannot read back. ``test_records`` and the hostile-record suite prove
     that the reader reads every such document back as the very record.
     """
+    # Every object is built with its keys in sorted order, so that the encoder needs no
+    # ``sort_keys`` and the bytes are those of a sorted, compact dump (``test_records``).
     owner = record.owner
     document: dict[str, Any] = {
-        "version": VERSION if record.result is None else RESULT_VERSION,
-        "identity": list(record.identity),
-        "input_kind": record.input_kind,
-        "input_hash": record.input_hash,
-        "definition_hash": record.definition_hash,
-        "claim_id": record.claim_id,
-        "status": record.status,
-        "receipt": record.receipt,
         "attempt": record.attempt,
+        "claim_id": record.claim_id,
         "created_at": record.created_at,
-        "updated_at": record.updated_at,
-        "owner": None if owner is None else _owner_document(owner),
-        "review_reason": record.review_reason,
+        "definition_hash": record.definition_hash,
         "history": [
-            {"at": e.at, "event": e.event, "status": e.status, "attempt": e.attempt, "note": e.note}
+            {"at": e.at, "attempt": e.attempt, "event": e.event, "note": e.note, "status": e.status}
             for e in record.history
         ],
+        "identity": list(record.identity),
+        "input_hash": record.input_hash,
+        "input_kind": record.input_kind,
+        "owner": None if owner is None else _owner_document(owner),
+        "receipt": record.receipt,
     }
     if record.result is not None:
         document["result"] = record.result
+    document["review_reason"] = record.review_reason
+    document["status"] = record.status
+    document["updated_at"] = record.updated_at
+    document["version"] = VERSION if record.result is None else RESULT_VERSION
     try:
         _check(record)
-        # Compact, so that json's C encoder does the work; ``itemjournal show`` pretty-prints.
+        # One line, by json's C encoder; ``itemjournal show`` pretty-prints.
         data = (_ENCODER.encode(document) + "\n").encode("utf-8")
         if len(data) > MAX_RECORD_BYTES:
             raise _Bad(f"record is larger than {MAX_RECORD_BYTES} bytes")
@@ -194,7 +196,7 @@ def _constant(name: str) -> Any:
 
 # Made once: ``json.dumps`` and ``json.loads`` with options build a new encoder or decoder
 # on every call, a few microseconds of every write and every read.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True)
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
 
 
@@ -262,15 +264,20 @@ def _process(value: Any) -> str:
 
 
 def _owner_document(owner: Owner) -> dict[str, Any]:
-    document: dict[str, Any] = {
+    if owner.session:
+        return {
+            "host": owner.host,
+            "pid": owner.pid,
+            "process": owner.process,
+            "session": owner.session,
+            "started_at": owner.started_at,
+        }
+    return {
         "host": owner.host,
         "pid": owner.pid,
-        "started_at": owner.started_at,
         "process": owner.process,
+        "started_at": owner.started_at,
     }
-    if owner.session:
-        document["session"] = owner.session
-    return document
 
 
 def _opt_note(value: Any, what: str) -> str | None:

@@ -28,6 +28,8 @@ __all__ = [
 ]
 
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+# Four labels joined by NUL, which no label may hold: one match checks a whole identity.
+_FOUR_LABELS = re.compile(r"\x00".join([_LABEL.pattern] * 4))
 _HASH = re.compile(r"[0-9a-f]{64}")
 _HASH_ANY_CASE = re.compile(r"[0-9a-fA-F]{64}")
 MAX_INPUTS = 20
@@ -78,7 +80,13 @@ def coerce_identity(value: object) -> Identity:
         raise InvalidArgument(
             f"an identity has exactly four labels, got {len(parts)}", code="INVALID_IDENTITY"
         )
-    names = Identity._fields
+    try:
+        joined = "\x00".join(parts)  # type: ignore[arg-type]
+    except TypeError:
+        joined = ""  # a label that is not a str: said below
+    if _FOUR_LABELS.fullmatch(joined) is not None:
+        return parts if type(parts) is Identity else Identity(*parts)  # type: ignore[arg-type]
+    names = Identity._fields  # which label is wrong, and why
     return Identity(*(check_label(part, name) for part, name in zip(parts, names, strict=False)))
 
 
@@ -194,6 +202,9 @@ def definition_digest(definition: DefinitionLike) -> str:
     comments included, is a new definition; reading the source reads a file.
     """
     if isinstance(definition, str):
+        known = _VERSIONS.get(definition)
+        if known is not None:
+            return known
         if _HASH.fullmatch(definition) is not None:
             return definition
         if _HASH_ANY_CASE.fullmatch(definition) is not None:
@@ -221,4 +232,15 @@ def definition_digest(definition: DefinitionLike) -> str:
             f"{type(definition).__name__}",
             code="INVALID_HASH",
         )
-    return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+    digest = hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
+    if isinstance(definition, str):
+        if len(_VERSIONS) >= _VERSIONS_LIMIT:
+            _VERSIONS.clear()
+        _VERSIONS[definition] = digest
+    return digest
+
+
+# Version strings already digested: a service passes the same few on every call. Bounded;
+# plain dict operations, safe across threads.
+_VERSIONS: dict[str, str] = {}
+_VERSIONS_LIMIT = 256
