@@ -93,8 +93,13 @@ def coerce_identity(value: object) -> Identity:
 @functools.lru_cache(maxsize=4096)
 def identity_digest(identity: Identity) -> str:
     """SHA-256 hex of the identity's compact JSON array: the only source of its location."""
-    text = json.dumps(list(identity), separators=(",", ":"), ensure_ascii=False)
+    text = _COMPACT.encode(list(identity))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# Made once: ``json.dumps`` with options builds a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _canonical_inputs(inputs: object) -> bytes:
@@ -139,7 +144,7 @@ def _canonical_inputs(inputs: object) -> bytes:
                 code="INVALID_INPUTS",
             )
         plain[key] = value
-    text = json.dumps(plain, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = _CANONICAL.encode(plain)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as error:  # lone surrogates cannot be hashed reproducibly

@@ -10,6 +10,7 @@ codec, while only the stores (and the journal's checks) need the codec.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -54,7 +55,17 @@ MAX_U64 = 2**64 - 1
 
 def utc_now() -> str:
     """Current UTC time, ISO-8601 with microseconds and an explicit offset."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
+    global _second
+    micros = time.time_ns() // 1000
+    seconds, fraction = divmod(micros, 1_000_000)
+    known = _second
+    if known[0] != seconds:  # the date and time of day change once a second
+        text = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="seconds")[:19]
+        known = _second = (seconds, text)
+    return f"{known[1]}.{fraction:06d}+00:00"
+
+
+_second: tuple[int, str] = (-1, "")
 
 
 def _unencodable(text: str) -> bool:
@@ -187,6 +198,42 @@ class Record:
         self, event: str, status: str, at: str, note: str | None = None, **changes: Any
     ) -> Record:
         """The next record: ``changes`` applied, the event appended to the bounded history."""
-        attempt = changes.get("attempt", self.attempt)
+        get = changes.get
+        attempt = get("attempt", self.attempt)
         history = (*self.history, Event(at, event, status, attempt, note))[-HISTORY_LIMIT:]
-        return replace(self, status=status, updated_at=at, history=history, **changes)
+        if not changes.keys() <= _CHANGEABLE:
+            return replace(self, status=status, updated_at=at, history=history, **changes)
+        # ``dataclasses.replace`` spelled out: it would look every field up by name again.
+        return Record(
+            self.identity,
+            self.input_kind,
+            get("input_hash", self.input_hash),
+            get("definition_hash", self.definition_hash),
+            get("claim_id", self.claim_id),
+            status,
+            get("receipt", self.receipt),
+            attempt,
+            get("created_at", self.created_at),
+            at,
+            get("owner", self.owner),
+            get("review_reason", self.review_reason),
+            history,
+            get("result", self.result),
+        )
+
+
+# What ``Record.advance`` may change besides status, time and history (anything else goes
+# through ``dataclasses.replace``, which refuses what is not a field).
+_CHANGEABLE = frozenset(
+    {
+        "input_hash",
+        "definition_hash",
+        "claim_id",
+        "receipt",
+        "attempt",
+        "created_at",
+        "owner",
+        "review_reason",
+        "result",
+    }
+)
