@@ -59,6 +59,8 @@ from .turns import wait_while_in_progress
 
 __all__ = ["Journal"]
 
+_NONE: frozenset[str] = frozenset()
+
 
 class Journal:
     """Durable intent before an external effect; the caller's declaration after it.
@@ -176,11 +178,22 @@ class Journal:
         input_hash = self._digester(inputs)
         forms = check_definitions(definition, compatible)
         limit = check_wait(wait)
-        definition_hash, accepted = await definition_hashes(forms)
+        if len(forms) == 1 and type(forms[0]) is str:  # the usual call: one digest
+            definition_hash, accepted = forms[0], _NONE
+        else:  # callables' sources are read in a worker thread
+            definition_hash, accepted = await definition_hashes(forms)
         with self._span("begin", ident) as span:
             try:
                 if limit is None:
-                    outcome = await self._begin(ident, input_hash, definition_hash, accepted)
+                    steps = BeginSteps(
+                        ident,
+                        input_kind=self._digester.kind,
+                        input_hash=input_hash,
+                        definition_hash=definition_hash,
+                        store=self._store,
+                        compatible=accepted,
+                    )
+                    outcome = await self._runner.apply_begin(ident, steps)
                 else:
                     outcome = await wait_while_in_progress(
                         self._runner.turns,

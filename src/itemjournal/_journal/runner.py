@@ -121,7 +121,8 @@ class Runner:
 
         seen: _Seen = []
         observer = self.observer
-        await self.turns.acquire(identity)
+        if not self.turns.try_acquire(identity):
+            await self.turns.acquire(identity)
         try:
             try:
                 answer = await self.store.apply(identity, watched(step, seen))

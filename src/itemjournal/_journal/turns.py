@@ -36,8 +36,9 @@ class Turns:
         # event loop runs this bookkeeping without awaiting, so it needs no lock.
         self.busy: dict[Identity, deque[anyio.Event]] = {}
         # Claims this journal granted that are still open: waiters (wait=...) on one of
-        # them are woken when it settles, instead of polling.
-        self.live: dict[Identity, anyio.Event] = {}
+        # them are woken when it settles, instead of polling. The event is made when the
+        # first waiter asks for it (``settled_event``): most claims are never waited for.
+        self.live: dict[Identity, anyio.Event | None] = {}
 
     async def acquire(self, identity: Identity) -> None:
         """Have ``identity`` to ourselves; waiters are served first come, first served.
@@ -45,10 +46,18 @@ class Turns:
         A release hands the identity straight to the oldest waiter (one wake-up, not a
         stampede of every waiter re-checking), so N calls on one identity cost O(N).
         """
-        waiters = self.busy.get(identity)
-        if waiters is None:
-            self.busy[identity] = deque()
-            return
+        if not self.try_acquire(identity):
+            await self._wait_for(identity)
+
+    def try_acquire(self, identity: Identity) -> bool:
+        """Have ``identity`` to ourselves now if nobody has it (no await: the usual case)."""
+        if identity in self.busy:
+            return False
+        self.busy[identity] = deque()
+        return True
+
+    async def _wait_for(self, identity: Identity) -> None:
+        waiters = self.busy[identity]
         turn = anyio.Event()
         waiters.append(turn)
         try:
@@ -69,7 +78,17 @@ class Turns:
 
     def granted(self, identity: Identity) -> None:
         """This journal granted a claim on ``identity``: waiters may wait for its event."""
-        self.live[identity] = anyio.Event()
+        self.live[identity] = None
+
+    def settled_event(self, identity: Identity) -> anyio.Event | None:
+        """The event that the settlement of this journal's open claim on ``identity``
+        sets; None when this journal holds no open claim on it."""
+        if identity not in self.live:
+            return None
+        event = self.live[identity]
+        if event is None:
+            event = self.live[identity] = anyio.Event()
+        return event
 
     def settled(self, identity: Identity) -> None:
         """Wake the waiters of a claim this journal granted: its record left ``started``."""
@@ -96,7 +115,7 @@ async def wait_while_in_progress(
                 raise
         # Our own claim: its settlement sets an event. Another process's (or another
         # journal's): poll, with jittered, lengthening pauses.
-        settled = turns.live.get(identity)
+        settled = turns.settled_event(identity)
         pause = min(remaining, delay * (0.5 + random.random() / 2))
         if settled is not None:
             with anyio.move_on_after(min(remaining, _LAST_POLL)):

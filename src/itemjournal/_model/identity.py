@@ -85,7 +85,7 @@ def coerce_identity(value: object) -> Identity:
     except TypeError:
         joined = ""  # a label that is not a str: said below
     if _FOUR_LABELS.fullmatch(joined) is not None:
-        return parts if type(parts) is Identity else Identity(*parts)  # type: ignore[arg-type]
+        return parts if type(parts) is Identity else Identity(*parts)
     names = Identity._fields  # which label is wrong, and why
     return Identity(*(check_label(part, name) for part, name in zip(parts, names, strict=False)))
 

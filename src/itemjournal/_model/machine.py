@@ -10,7 +10,7 @@ from collections.abc import Set as AbstractSet
 
 from .conflicts import ConflictError
 from .identity import Identity
-from .records import Owner, Record
+from .records import HISTORY_LIMIT, Event, Owner, Record
 
 __all__ = ["begin", "complete", "mark_review", "refusal_after", "resolve", "sweep", "withdraw"]
 
@@ -43,7 +43,8 @@ def begin(
     """
     if current is None or current.status == "released":
         attempt = 1 if current is None else current.attempt + 1
-        fresh = Record(
+        event = Event(now, "begin", "started", attempt)
+        return Record(
             identity=identity,
             input_kind=input_kind,
             input_hash=input_hash,
@@ -56,9 +57,9 @@ def begin(
             updated_at=now,
             owner=owner,
             review_reason=None,
-            history=() if current is None else current.history,
+            # What ``advance("begin", ...)`` of the record before would append, built once.
+            history=(event,) if current is None else (*current.history, event)[-HISTORY_LIMIT:],
         )
-        return fresh.advance("begin", "started", now)
     if current.input_kind != input_kind:
         raise ConflictError(
             f"the record's inputs were fingerprinted with {current.input_kind!r}, this journal "

@@ -130,11 +130,12 @@ class MemoryStore(ProcessOwners):
         read files to judge an owner (see the module's docstring)."""
         await anyio.lowlevel.checkpoint()
         self._check_open()
-        lock = self._identity_lock(identity_digest(identity))
+        digest = identity_digest(identity)
+        lock = self._identity_lock(digest)
         if lock.acquire(blocking=False):  # else a worker trip has it: wait in a thread
             self._on_loop.active = True
             try:
-                return self._apply_locked(identity, step)
+                return self._apply_locked(identity, digest, step)
             except _ReadsFiles:
                 pass
             finally:
@@ -261,11 +262,11 @@ class MemoryStore(ProcessOwners):
         return lock
 
     def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T:
-        with self._identity_lock(identity_digest(identity)):
-            return self._apply_locked(identity, step)
-
-    def _apply_locked(self, identity: Identity, step: StepFunction[T]) -> T:
         digest = identity_digest(identity)
+        with self._identity_lock(digest):
+            return self._apply_locked(identity, digest, step)
+
+    def _apply_locked(self, identity: Identity, digest: str, step: StepFunction[T]) -> T:
         data = self._documents.get(digest)
         current = (
             None if data is None else decode_record(data, identity, location=self._where(digest))
