@@ -313,6 +313,7 @@ class Sample:
     latencies: tuple[float, ...] = ()  # seconds per cycle; empty when not timed per cycle
     lags: tuple[float, ...] = ()  # seconds late per ticker wake-up; empty: no event loop
     commits: int | None = None  # write transactions committed; None: not counted
+    cpu_seconds: float | None = None  # process CPU (every thread) over the run; None: not read
 
     @property
     def rate(self) -> float:
@@ -331,6 +332,13 @@ class Sample:
         return percentile(self.lags, 0.99) * 1000
 
     @property
+    def cpu_us(self) -> float:
+        """Process CPU per cycle, in microseconds (every thread of the process counts)."""
+        if self.cpu_seconds is None or not self.cycles:
+            return math.nan
+        return self.cpu_seconds / self.cycles * 1e6
+
+    @property
     def commits_per_cycle(self) -> float:
         return math.nan if self.commits is None else self.commits / self.cycles
 
@@ -344,11 +352,14 @@ def check_count(found: int, cycles: int, what: str) -> None:
 async def measure(
     cycle: CycleFunction, cycles: int, concurrency: int, *, commits: Callable[[], int] | None = None
 ) -> Sample:
-    """Run and time the cycles (latency per cycle, loop lag); ``commits`` reads a counter."""
+    """Run and time the cycles (latency per cycle, loop lag, process CPU); ``commits``
+    reads a counter."""
     before = commits() if commits is not None else 0
+    cpu = time.process_time()
     seconds, latencies, lags = await timed_cycles(cycle, cycles, concurrency)
+    cpu = time.process_time() - cpu
     done = None if commits is None else commits() - before
-    return Sample(cycles, seconds, tuple(latencies), tuple(lags), done)
+    return Sample(cycles, seconds, tuple(latencies), tuple(lags), done, cpu)
 
 
 @dataclass

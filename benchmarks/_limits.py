@@ -191,11 +191,13 @@ async def run_sqlite_limit(env: Env, cycles: int, concurrency: int) -> Sample:
         try:
             if "sqlite-limit-shapes" not in env.notes:
                 env.notes["sqlite-limit-shapes"] = await anyio.to_thread.run_sync(limit.shapes)
+            cpu = time.process_time()
             seconds = await anyio.to_thread.run_sync(limit.run, cycles, batch)
+            cpu = time.process_time() - cpu
         finally:
             await anyio.to_thread.run_sync(limit.close)
     commits = round(2 * cycles / batch)
-    return Sample(cycles, seconds, commits=commits)
+    return Sample(cycles, seconds, commits=commits, cpu_seconds=cpu)
 
 
 def same_statements(env: Env) -> bool | None:

@@ -11,6 +11,7 @@ import anyio.to_thread
 from _common import Env, Sample, journal_cycle, measure, run_directory
 
 from itemjournal import Journal, definition_digest
+from itemjournal.testing import MemoryStore
 
 
 def _commit_counter(journal: Journal) -> Callable[[], int] | None:
@@ -35,6 +36,16 @@ async def _cycles(
         sample = await measure(cycle, cycles, concurrency, commits=_commit_counter(journal))
         if check:
             await _check_succeeded(journal, cycles, f"{kind} store")
+    return sample
+
+
+async def run_memory(env: Env, cycles: int, concurrency: int) -> Sample:
+    """The journal over ``MemoryStore``: no I/O at all, so what it measures is the
+    journal's own work per cycle (and the event loop's)."""
+    async with Journal(MemoryStore()) as journal:
+        cycle = journal_cycle(journal, "memory", definition_digest("bench-memory-v1"))
+        sample = await measure(cycle, cycles, concurrency)
+        await _check_succeeded(journal, cycles, "memory store")
     return sample
 
 

@@ -26,6 +26,7 @@ import _peers
 import _scale
 import _stores
 import anyio
+import instructions
 from _common import (
     Env,
     Runner,
@@ -65,6 +66,7 @@ class Workload:
 
 
 WORKLOADS: tuple[Workload, ...] = (
+    Workload("memory store", "store", _stores.run_memory, ALL_SETTINGS),
     Workload("file store", "store", _stores.run_file, ALL_SETTINGS),
     Workload("file limit", "limit", _limits.run_file_limit, ALL_SETTINGS),
     Workload("sqlite store", "store", _stores.run_sqlite, ALL_SETTINGS),
@@ -124,6 +126,8 @@ class Results:
     memory: _scale.MemoryGrowth | None = None
     sqlite_statements_same: bool | None = None
     skipped: list[str] = field(default_factory=list)
+    # callgrind's instructions per begin + complete on MemoryStore, and the floor's
+    instructions: dict[str, float] | None = None
 
 
 def _log(text: str) -> None:
@@ -168,7 +172,8 @@ async def _run_backend(
             _log(
                 f"  round {round_index + 1}/{plan.rounds} {env.backend:<7} c={concurrency:<3}"
                 f"{workload.name:<20} {sample.rate:8.1f} cycles/s  p50 {sample.p50_ms:7.2f} ms"
-                f"  p99 {sample.p99_ms:7.2f} ms  lag p99 {sample.lag_p99_ms:7.2f} ms{commits}"
+                f"  p99 {sample.p99_ms:7.2f} ms  lag p99 {sample.lag_p99_ms:7.2f} ms"
+                f"  CPU {sample.cpu_us:6.0f} µs/cycle{commits}"
             )
 
 
@@ -305,9 +310,22 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         "postgres store / postgres limit, cycles/s, c16",
         ("postgres store", *c16),
         ("postgres limit", *c16),
-        0.7,
+        0.9,
         None,
     )
+    if results.instructions is not None:
+        count = results.instructions["journal"]
+        floor = results.instructions["floor"]
+        found.append(
+            Goal(
+                "memory store: instructions per cycle (callgrind)",
+                count,
+                f"<= {instructions.GOAL:,}",
+                count <= instructions.GOAL,
+                [count],
+                f"{count / floor:.2f} x the floor's {floor:,.0f}",
+            )
+        )
 
     largest = plan.sizes[-1]
     size_note = "" if largest == 100_000 else f"at {largest:,} records, not 100,000"
@@ -398,6 +416,7 @@ def _table_rows(results: Results, plan: Plan) -> list[list[str]]:
                     _fmt(median([s.p50_ms for s in samples])),
                     _fmt(median([s.p99_ms for s in samples])),
                     _fmt(median([s.lag_p99_ms for s in samples])),
+                    _fmt(median([s.cpu_us for s in samples]), 0),
                     _fmt(per_cycle, 3),
                     "",
                 ]
@@ -413,6 +432,7 @@ def _table_rows(results: Results, plan: Plan) -> list[list[str]]:
                 _fmt(point.cycles.p50_ms),
                 _fmt(point.cycles.p99_ms),
                 _fmt(point.cycles.lag_p99_ms),
+                _fmt(point.cycles.cpu_us, 0),
                 "-",
                 f"open {point.open_s * 1000:.1f} ms; sweep {point.sweep_s * 1000:.1f} ms; "
                 f"needs_review list {point.listing_s * 1000:.1f} ms "
@@ -431,14 +451,14 @@ def _table_rows(results: Results, plan: Plan) -> list[list[str]]:
                 "-",
                 "-",
                 "-",
+                "-",
                 f"RSS {memory.rss_first_mb:.1f} MB after {memory.first:,} cycles, "
                 f"{memory.rss_total_mb:.1f} MB after {memory.total:,}: "
                 f"growth {memory.growth_mb:+.1f} MB",
             ]
         )
-    rows.append(
-        ["memory", "whole run", "-", "-", "-", "-", "-", "-", f"peak RSS {peak_rss_mb():.1f} MB"]
-    )
+    peak = f"peak RSS {peak_rss_mb():.1f} MB"
+    rows.append(["memory", "whole run", "-", "-", "-", "-", "-", "-", "-", peak])
     return rows
 
 
@@ -450,6 +470,7 @@ HEADERS = [
     "p50 ms",
     "p99 ms",
     "lag p99 ms",
+    "CPU µs/cycle",
     "commits/cycle",
     "notes",
 ]
@@ -514,6 +535,7 @@ def report(
                         "p99_ms": _num(s.p99_ms),
                         "lag_p99_ms": _num(s.lag_p99_ms),
                         "commits": s.commits,
+                        "cpu_us_per_cycle": _num(s.cpu_us),
                     }
                     for s in samples
                 ],
@@ -540,6 +562,7 @@ def report(
         if results.memory is None
         else {**asdict(results.memory), "growth_mb": results.memory.growth_mb},
         "peak_rss_mb": peak_rss_mb(),
+        "instructions_per_cycle": results.instructions,
         "goals": [{**asdict(g), "value": _num(g.value)} for g in found],
         "table": {"headers": HEADERS, "rows": rows},
     }
@@ -618,6 +641,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     results.skipped = skipped
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        results.skipped.append("instructions per cycle: valgrind is not installed")
+    else:
+        cycles = instructions.CYCLES // 2 if plan.quick else instructions.CYCLES
+        _log(f"counting instructions (callgrind): {cycles} cycles and 0, journal and floor")
+        results.instructions = instructions.per_cycle(cycles, valgrind)
     _log("")
     all_pass, document = report(results, plan, environment, time.perf_counter() - started)
     out = Path(args.json)

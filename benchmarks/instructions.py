@@ -138,6 +138,17 @@ def count(workload: str, cycles: int, valgrind: str) -> int:
         return int(found.group(1))
 
 
+def per_cycle(cycles: int, valgrind: str) -> dict[str, float]:
+    """Instructions per cycle of each workload: (a run of ``cycles`` - a run of 0) / cycles."""
+    counted: dict[str, float] = {}
+    for workload in WORKLOADS:
+        print(f"counting {workload}: {cycles} cycles and 0", file=sys.stderr)
+        full = count(workload, cycles, valgrind)
+        empty = count(workload, 0, valgrind)
+        counted[workload] = (full - empty) / cycles
+    return counted
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=CYCLES)
@@ -153,13 +164,8 @@ def main() -> int:
     if valgrind is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
-    per_cycle: dict[str, float] = {}
-    for workload in WORKLOADS:
-        print(f"counting {workload}: {args.cycles} cycles and 0", file=sys.stderr)
-        full = count(workload, args.cycles, valgrind)
-        empty = count(workload, 0, valgrind)
-        per_cycle[workload] = (full - empty) / args.cycles
-    journal, floor = per_cycle["journal"], per_cycle["floor"]
+    counted = per_cycle(args.cycles, valgrind)
+    journal, floor = counted["journal"], counted["floor"]
     met = journal <= GOAL
     print("| workload | instructions per cycle | / floor |")
     print("|---|---|---|")
