@@ -13,7 +13,7 @@ DIST_WORKERS ?= 2
 # More pytest arguments for the installed suite (`-m "not slow"`, `-k packaging`).
 DIST_PYTEST_ARGS ?=
 
-.PHONY: demo test lint dist test-dist docs bench bench-quick bench-instructions clean
+.PHONY: demo test lint dist test-dist docs bench bench-quick bench-instructions bench-profile clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ bench-quick: $(BIN)/.installed
 # valgrind's callgrind (Debian: valgrind): repeatable whatever else the machine is doing.
 bench-instructions: $(BIN)/.installed
 	$(BIN)/python benchmarks/instructions.py $(BENCH_ARGS)
+
+# Where a store's CPU goes: a py-spy profile of every thread over begin + complete cycles
+# (BENCH_ARGS='--store memory|file|sqlite --concurrency 16 --cycles 20000').
+bench-profile: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python benchmarks/profile.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_VENV) .coverage .mypy_cache .ruff_cache dist site
