@@ -12,6 +12,9 @@ DIST_VENV ?= $${TMPDIR:-/tmp}/itemjournal-test-dist
 DIST_WORKERS ?= 2
 # More pytest arguments for the installed suite (`-m "not slow"`, `-k packaging`).
 DIST_PYTEST_ARGS ?=
+# Which tests the installed wheel runs (paths under the repository): all of them unless
+# told otherwise.
+DIST_TESTS ?= tests
 
 .PHONY: demo test lint dist test-dist docs bench bench-quick bench-instructions bench-profile clean
 
@@ -72,7 +75,7 @@ test-dist: dist
 	"$(DIST_VENV)/bin/python" -m pip install --quiet "$$(ls "$(CURDIR)"/dist/itemjournal-*.whl)[test]"
 	cd "$(DIST_VENV)" && ITEMJOURNAL_TEST_INSTALLED=1 ITEMJOURNAL_TEST_DIST="$(CURDIR)/dist" \
 		./bin/python -m pytest -c "$(CURDIR)/pyproject.toml" --rootdir "$(CURDIR)" \
-		-n $(DIST_WORKERS) $(DIST_PYTEST_ARGS) "$(CURDIR)/tests"
+		-n $(DIST_WORKERS) $(DIST_PYTEST_ARGS) $(addprefix "$(CURDIR)"/,$(DIST_TESTS))
 
 # The documentation site in site/ (mkdocs, strict: any warning fails the build).
 docs: $(BIN)/.installed
