@@ -39,8 +39,9 @@ WAITING = frozenset(
 def _run(store: str, cycles: int, concurrency: int) -> None:
     """The profiled workload: ``cycles`` begin + complete cycles at ``concurrency``."""
     import anyio
+    from _common import drive_cycles, journal_cycle
 
-    from itemjournal import Claim, Journal
+    from itemjournal import Journal, definition_digest
     from itemjournal.testing import MemoryStore
 
     async def main(scratch: str) -> None:
@@ -50,22 +51,9 @@ def _run(store: str, cycles: int, concurrency: int) -> None:
             journal = await Journal.open(scratch)
         else:
             journal = await Journal.open(f"sqlite://{scratch}/j.db")
-        next_index = 0
-
-        async def worker() -> None:
-            nonlocal next_index
-            while next_index < cycles:
-                index = next_index
-                next_index += 1
-                claim = await journal.begin(
-                    ("bench", "profile", "cycle", f"i{index}"), {"n": str(index)}, "profile-v1"
-                )
-                assert isinstance(claim, Claim)
-                await journal.complete(claim, f"receipt-{index}")
-
-        async with journal, anyio.create_task_group() as group:
-            for _ in range(concurrency):
-                group.start_soon(worker)
+        async with journal:
+            cycle = journal_cycle(journal, store, definition_digest("profile-v1"))
+            await drive_cycles(cycle, cycles, concurrency)
 
     with tempfile.TemporaryDirectory(prefix="ij-profile-", dir=os.getcwd()) as scratch:
         anyio.run(main, scratch)

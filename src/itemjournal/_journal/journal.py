@@ -184,15 +184,8 @@ class Journal:
             definition_hash, accepted = await definition_hashes(forms)
         with self._span("begin", ident) as span:
             try:
-                if limit is None:
-                    steps = BeginSteps(
-                        ident,
-                        input_kind=self._digester.kind,
-                        input_hash=input_hash,
-                        definition_hash=definition_hash,
-                        store=self._store,
-                        compatible=accepted,
-                    )
+                if limit is None:  # no coroutine of its own: the usual call
+                    steps = self._begin_steps(ident, input_hash, definition_hash, accepted)
                     outcome = await self._runner.apply_begin(ident, steps)
                 else:
                     outcome = await wait_while_in_progress(
@@ -216,7 +209,13 @@ class Journal:
     async def _begin(
         self, ident: Identity, input_hash: str, definition_hash: str, compatible: frozenset[str]
     ) -> Claim | Reuse:
-        steps = BeginSteps(
+        steps = self._begin_steps(ident, input_hash, definition_hash, compatible)
+        return await self._runner.apply_begin(ident, steps)
+
+    def _begin_steps(
+        self, ident: Identity, input_hash: str, definition_hash: str, compatible: frozenset[str]
+    ) -> BeginSteps:
+        return BeginSteps(
             ident,
             input_kind=self._digester.kind,
             input_hash=input_hash,
@@ -224,7 +223,6 @@ class Journal:
             store=self._store,
             compatible=compatible,
         )
-        return await self._runner.apply_begin(ident, steps)
 
     async def complete(
         self, claim: Claim, receipt: str, *, result: str | None = None
