@@ -42,6 +42,7 @@ __all__ = [
     "check_wait",
     "definition_hashes",
     "is_async",
+    "plain_hashes",
 ]
 
 _KEY = re.compile(r"[0-9a-f]{64}")
@@ -166,6 +167,17 @@ def _in_compatible(error: InvalidArgument) -> InvalidArgument:
 def check_definitions(definition: object, compatible: object) -> Definitions:
     """A call's ``definition`` and ``compatible``, checked: the definition first."""
     return (check_definition(definition), *check_compatible(compatible))
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def plain_hashes(forms: Definitions) -> tuple[str, frozenset[str]] | None:
+    """``definition_hashes`` of the usual call, one digest and no others, with no
+    coroutine; None for any other call."""
+    if len(forms) == 1 and type(forms[0]) is str:
+        return forms[0], _NONE
+    return None
 
 
 async def definition_hashes(forms: Definitions) -> tuple[str, frozenset[str]]:

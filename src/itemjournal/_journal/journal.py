@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Iterable, Mapping
 from datetime import timedelta
 from typing import Literal, Unpack, overload
 
@@ -41,6 +41,7 @@ from .arguments import (
     check_result,
     check_wait,
     definition_hashes,
+    plain_hashes,
 )
 from .claim import ClaimContext
 from .decisions import (
@@ -58,8 +59,6 @@ from .runner import Runner
 from .turns import wait_while_in_progress
 
 __all__ = ["Journal"]
-
-_NONE: frozenset[str] = frozenset()
 
 
 class Journal:
@@ -178,22 +177,26 @@ class Journal:
         input_hash = self._digester(inputs)
         forms = check_definitions(definition, compatible)
         limit = check_wait(wait)
-        if len(forms) == 1 and type(forms[0]) is str:  # the usual call: one digest
-            definition_hash, accepted = forms[0], _NONE
-        else:  # callables' sources are read in a worker thread
-            definition_hash, accepted = await definition_hashes(forms)
+        definition_hash, accepted = plain_hashes(forms) or await definition_hashes(forms)
+
+        def attempt() -> Awaitable[Claim | Reuse]:
+            steps = BeginSteps(
+                ident,
+                input_kind=self._digester.kind,
+                input_hash=input_hash,
+                definition_hash=definition_hash,
+                store=self._store,
+                compatible=accepted,
+            )
+            return self._runner.apply_begin(ident, steps)
+
         with self._span("begin", ident) as span:
             try:
-                if limit is None:  # no coroutine of its own: the usual call
-                    steps = self._begin_steps(ident, input_hash, definition_hash, accepted)
-                    outcome = await self._runner.apply_begin(ident, steps)
+                if limit is None:
+                    outcome = await attempt()
                 else:
-                    outcome = await wait_while_in_progress(
-                        self._runner.turns,
-                        ident,
-                        lambda: self._begin(ident, input_hash, definition_hash, accepted),
-                        limit,
-                    )
+                    turns = self._runner.turns
+                    outcome = await wait_while_in_progress(turns, ident, attempt, limit)
             except ConflictError as refusal:
                 self._observer.refused("begin", ident, refusal)
                 raise
@@ -205,24 +208,6 @@ class Journal:
                 span.set("outcome", "reused")
             span.set("attempt", outcome.attempt)
             return outcome
-
-    async def _begin(
-        self, ident: Identity, input_hash: str, definition_hash: str, compatible: frozenset[str]
-    ) -> Claim | Reuse:
-        steps = self._begin_steps(ident, input_hash, definition_hash, compatible)
-        return await self._runner.apply_begin(ident, steps)
-
-    def _begin_steps(
-        self, ident: Identity, input_hash: str, definition_hash: str, compatible: frozenset[str]
-    ) -> BeginSteps:
-        return BeginSteps(
-            ident,
-            input_kind=self._digester.kind,
-            input_hash=input_hash,
-            definition_hash=definition_hash,
-            store=self._store,
-            compatible=compatible,
-        )
 
     async def complete(
         self, claim: Claim, receipt: str, *, result: str | None = None
