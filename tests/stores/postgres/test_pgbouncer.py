@@ -101,6 +101,20 @@ def advisory_locks(server: _pg.Cluster, *, besides: set[int] = frozenset()) -> i
     return int(row[0])
 
 
+def backend_gone(server: _pg.Cluster, pid: int, timeout: float = 10.0) -> None:
+    """Wait until no server backend has ``pid`` any more."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(server.admin_url(), autocommit=True) as connection:
+        while time.monotonic() < deadline:
+            row = connection.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            time.sleep(0.01)
+    raise AssertionError(f"the backend {pid} did not end within {timeout} s")
+
+
 # ---------------------------------------------------------------------- transaction pooling
 
 
@@ -192,6 +206,9 @@ async def test_no_advisory_lock_is_left_after_many_begins_behind_transaction_poo
             for first in range(6):
                 group.start_soon(worker, first)
         during = advisory_locks(server, besides={session.pid})
+    # The owner session's backend ends on the server shortly after its client closed it;
+    # its lock goes with it. Counted once it is gone.
+    await anyio.to_thread.run_sync(backend_gone, server, session.pid)
     after = advisory_locks(server)
     print(
         f"\n{anyio_backend}: transaction pooling with owner_url: {dict(outcomes)}; advisory "

@@ -521,7 +521,9 @@ async def test_a_store_call_waiting_for_the_write_lock_is_cancelled_at_once(db: 
                     await anyio.lowlevel.checkpoint()
             elapsed = anyio.current_time() - cancelled_at
             print(f"\nstore call cancelled while waiting for the lock: {elapsed * 1000:.1f} ms")
-            assert elapsed < 0.1
+            # At once, not after the busy timeout (30 s): at most the retry trip under way
+            # is waited for, which a loaded machine can stretch past 100 ms.
+            assert elapsed < 1.0
             # it left the queue; the call behind it leads now (and waits for the lock)
             assert Identity(*item(1)) not in [op.identity for op in store._queue]
             assert store._leading
