@@ -122,7 +122,7 @@ class Runner:
         seen: _Seen = []
         observer = self.observer
         if not self.turns.try_acquire(identity):
-            await self.turns.acquire(identity)
+            await self.turns.wait_turn(identity)
         try:
             try:
                 answer = await self.store.apply(identity, watched(step, seen))

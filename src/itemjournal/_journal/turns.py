@@ -40,23 +40,21 @@ class Turns:
         # first waiter asks for it (``settled_event``): most claims are never waited for.
         self.live: dict[Identity, anyio.Event | None] = {}
 
-    async def acquire(self, identity: Identity) -> None:
-        """Have ``identity`` to ourselves; waiters are served first come, first served.
-
-        A release hands the identity straight to the oldest waiter (one wake-up, not a
-        stampede of every waiter re-checking), so N calls on one identity cost O(N).
-        """
-        if not self.try_acquire(identity):
-            await self._wait_for(identity)
-
     def try_acquire(self, identity: Identity) -> bool:
-        """Have ``identity`` to ourselves now if nobody has it (no await: the usual case)."""
+        """Have ``identity`` to ourselves now if nobody has it (no await: the usual case);
+        False when somebody has it, and then ``wait_turn``."""
         if identity in self.busy:
             return False
         self.busy[identity] = deque()
         return True
 
-    async def _wait_for(self, identity: Identity) -> None:
+    async def wait_turn(self, identity: Identity) -> None:
+        """Wait for ``identity``, which somebody has; waiters are served first come,
+        first served.
+
+        A release hands the identity straight to the oldest waiter (one wake-up, not a
+        stampede of every waiter re-checking), so N calls on one identity cost O(N).
+        """
         waiters = self.busy[identity]
         turn = anyio.Event()
         waiters.append(turn)

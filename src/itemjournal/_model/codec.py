@@ -3,13 +3,13 @@
 The reader trusts nothing it reads: every field is checked against the record's rules
 (``records``), the JSON must be standard, a document must belong to the identity it is
 stored under, and anything off is ``RECORD_INVALID``. The writer encodes a record once
-and checks its fields by the reader's own rules on the record itself, without parsing its
-bytes back: what it writes is what the reader accepts, and the bytes are remembered as
-that record, so the journal's next read of them parses nothing. Both keep small bounded
-caches of what they already checked, since a journal reads and writes the same few
-documents, labels and times again and again. Kept apart from ``records`` because only
-the stores (and the tests of hostile files) need the bytes; the rest of the library
-needs only the record.
+and checks its text fields by the reader's own rules on the record itself, without
+parsing its bytes back (the other fields are the journal's own making); the bytes are
+remembered as that record, so the journal's next read of them parses nothing. Both
+keep small bounded caches of what they already checked, since a journal reads and writes
+the same few documents, labels and times again and again. Kept apart from ``records``
+because only the stores (and the tests of hostile files) need the bytes; the rest of the
+library needs only the record.
 """
 
 from __future__ import annotations
@@ -97,15 +97,15 @@ def clear_decode_cache() -> None:
 def encode_record(record: Record) -> bytes:
     """The document's bytes, encoded once; refused if the strict reader would refuse them.
 
-    The record's fields are checked by the reader's rules (``_check``) and the bytes for
-    the reader's limits (size, valid UTF-8) without being parsed back: a record the
-    reader would reject (a reason too long, a lone surrogate, a bug) is refused here,
-    before anything is written, with ``RECORD_INVALID``, because a journal must never
-    write what it cannot read back. ``test_records`` and the hostile-record suite prove
-    that the reader reads every such document back as the very record.
+    The record's text fields are checked by the reader's rules (``_check``) and the
+    bytes for the reader's limits (size, valid UTF-8) without being parsed back: a
+    record the reader would reject there (a reason too long, a lone surrogate) is
+    refused here, before anything is written, with ``RECORD_INVALID``, because a journal
+    must never write what it cannot read back. The model suite and ``test_records`` read
+    what the journal writes back strictly, with the decode cache cleared.
     """
     # Every object is built with its keys in sorted order, so that the encoder needs no
-    # ``sort_keys`` and the bytes are those of a sorted, compact dump (``test_records``).
+    # ``sort_keys`` and the bytes are those of a sorted dump (``test_records``).
     owner = record.owner
     document: dict[str, Any] = {
         "attempt": record.attempt,
@@ -152,8 +152,7 @@ def _check(record: Record) -> None:
     checked when the identity was taken (``coerce_identity``), digests and claim ids it
     computed, times from ``utc_now``, the owner this process named, statuses and events
     of the state machine, a history it bounds. They are not checked again on every
-    write; the suites that build every kind of record (``test_model``,
-    ``test_hostile_records``) read each one back strictly and compare.
+    write; the model suite reads back strictly every record the journal wrote.
     """
     status = record.status
     if status == "succeeded":

@@ -46,6 +46,9 @@ class _ReadsFiles(Exception):
     """A step on the event loop asked what only files can tell: run it in a thread."""
 
 
+_IN_A_THREAD = object()  # what ``_here`` answers for a step that must run in a thread
+
+
 class MemoryStore(ProcessOwners):
     """Record documents held in memory, for the unit tests of code that uses a journal.
 
@@ -133,14 +136,12 @@ class MemoryStore(ProcessOwners):
         digest = identity_digest(identity)
         lock = self._identity_lock(digest)
         if lock.acquire(blocking=False):  # else a worker trip has it: wait in a thread
-            self._on_loop.active = True
             try:
-                return self._apply_locked(identity, digest, step)
-            except _ReadsFiles:
-                pass
+                answer = self._here(self._apply_locked, identity, digest, step)
             finally:
-                self._on_loop.active = False
                 lock.release()
+            if answer is not _IN_A_THREAD:
+                return answer  # type: ignore[return-value]
         return await self._trip(self._apply_sync, identity, step)
 
     async def peek(self, identity: Identity, view: Callable[[Record | None], T]) -> T:
@@ -148,14 +149,21 @@ class MemoryStore(ProcessOwners):
         thread when ``view`` must read files to judge an owner."""
         await anyio.lowlevel.checkpoint()
         self._check_open()
+        answer = self._here(self._peek_sync, identity, view)
+        if answer is not _IN_A_THREAD:
+            return answer  # type: ignore[return-value]
+        return await self._trip(self._peek_sync, identity, view)
+
+    def _here(self, function: Callable[..., T], *args: Any) -> T | object:
+        """``function(*args)`` on the event loop; ``_IN_A_THREAD`` when it stopped to
+        ask what only files can tell (it decided nothing: run it again in a thread)."""
         self._on_loop.active = True
         try:
-            return self._peek_sync(identity, view)
+            return function(*args)
         except _ReadsFiles:
-            pass
+            return _IN_A_THREAD
         finally:
             self._on_loop.active = False
-        return await self._trip(self._peek_sync, identity, view)
 
     # What a step asks of owners: answered on the loop only when no file must be read.
 
