@@ -19,6 +19,7 @@ import re
 from datetime import datetime
 from typing import Any
 
+from .document import RESULT_VERSION, VERSION, document_text
 from .errors import RecordInvalid
 from .identity import Identity, identity_digest
 from .records import (
@@ -37,8 +38,6 @@ from .records import (
 
 __all__ = ["clear_decode_cache", "decode_record", "decode_row", "encode_record"]
 
-VERSION = 1  # a record without a result; written exactly as before results existed
-RESULT_VERSION = 2  # a succeeded record carrying a replayable result
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -104,34 +103,10 @@ def encode_record(record: Record) -> bytes:
     must never write what it cannot read back. The model suite and ``test_records`` read
     what the journal writes back strictly, with the decode cache cleared.
     """
-    # Every object is built with its keys in sorted order, so that the encoder needs no
-    # ``sort_keys`` and the bytes are those of a sorted dump (``test_records``).
-    owner = record.owner
-    document: dict[str, Any] = {
-        "attempt": record.attempt,
-        "claim_id": record.claim_id,
-        "created_at": record.created_at,
-        "definition_hash": record.definition_hash,
-        "history": [
-            {"at": e.at, "attempt": e.attempt, "event": e.event, "note": e.note, "status": e.status}
-            for e in record.history
-        ],
-        "identity": list(record.identity),
-        "input_hash": record.input_hash,
-        "input_kind": record.input_kind,
-        "owner": None if owner is None else _owner_document(owner),
-        "receipt": record.receipt,
-    }
-    if record.result is not None:
-        document["result"] = record.result
-    document["review_reason"] = record.review_reason
-    document["status"] = record.status
-    document["updated_at"] = record.updated_at
-    document["version"] = VERSION if record.result is None else RESULT_VERSION
     try:
         _check(record)
         # One line, by json's C encoder; ``itemjournal show`` pretty-prints.
-        data = (_ENCODER.encode(document) + "\n").encode("utf-8")
+        data = (document_text(record) + "\n").encode("utf-8")
         if len(data) > MAX_RECORD_BYTES:
             raise _Bad(f"record is larger than {MAX_RECORD_BYTES} bytes")
     except (_Bad, UnicodeEncodeError, TypeError, ValueError) as error:
@@ -193,9 +168,8 @@ def _constant(name: str) -> Any:
     raise _Bad(f"non-standard JSON constant {name}")
 
 
-# Made once: ``json.dumps`` and ``json.loads`` with options build a new encoder or decoder
-# on every call, a few microseconds of every write and every read.
-_ENCODER = json.JSONEncoder(ensure_ascii=False)
+# Made once: ``json.loads`` with options builds a new decoder
+# on every call, a few microseconds of every read.
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
 
 
@@ -260,23 +234,6 @@ def _process(value: Any) -> str:
     if text and parse_process(text) is None:
         raise _Bad("owner process is malformed")
     return text
-
-
-def _owner_document(owner: Owner) -> dict[str, Any]:
-    if owner.session:
-        return {
-            "host": owner.host,
-            "pid": owner.pid,
-            "process": owner.process,
-            "session": owner.session,
-            "started_at": owner.started_at,
-        }
-    return {
-        "host": owner.host,
-        "pid": owner.pid,
-        "process": owner.process,
-        "started_at": owner.started_at,
-    }
 
 
 def _opt_note(value: Any, what: str) -> str | None:
