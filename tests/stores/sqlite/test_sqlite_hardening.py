@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import pytest
 from _builders import started_record
 
@@ -96,9 +97,10 @@ class Gate:
     def __init__(self) -> None:
         self.entered = anyio.Event()
         self.open = threading.Event()
+        self.loop = anyio.lowlevel.current_token()  # the writer thread is not anyio's
 
     def step(self, current: Record | None) -> Step[str]:
-        anyio.from_thread.run_sync(self.entered.set)
+        anyio.from_thread.run_sync(self.entered.set, token=self.loop)
         assert self.open.wait(10)
         return Step(None, "gate")
 
@@ -339,7 +341,7 @@ class Round:
 async def still_works(store: SQLiteStore, journal: Journal, name: str) -> None:
     # the writer is out of its transaction, or was discarded (to be reopened on demand)
     assert store._writer is None or not store._writer.in_transaction
-    assert store._queue == [] and not store._leading
+    assert not store._writing
     claim = await journal.begin(item("after", name), INPUTS, DEFINITION)
     assert isinstance(claim, Claim)
     assert (await journal.complete(claim, "r")).status == "succeeded"
@@ -472,13 +474,14 @@ async def test_a_failed_commit_says_the_outcome_is_unknown(db: Path) -> None:
 def on_retry(store: SQLiteStore) -> anyio.Event:
     """Set once the store found the write lock taken and is trying again."""
     retrying = anyio.Event()
+    loop = anyio.lowlevel.current_token()  # the writer thread is not anyio's
     tries: list[str] = []
 
     def trace(statement: str) -> None:
         if statement == "BEGIN IMMEDIATE":
             tries.append(statement)
             if len(tries) == 2:
-                anyio.from_thread.run_sync(retrying.set)
+                anyio.from_thread.run_sync(retrying.set, token=loop)
 
     assert store._writer is not None
     store._writer.set_trace_callback(trace)
@@ -526,7 +529,7 @@ async def test_a_store_call_waiting_for_the_write_lock_is_cancelled_at_once(db: 
             assert elapsed < 1.0
             # it left the queue; the call behind it leads now (and waits for the lock)
             assert Identity(*item(1)) not in [op.identity for op in store._queue]
-            assert store._leading
+            assert store._writing
             held, holder = holder, None
             assert held is not None
             await anyio.to_thread.run_sync(release, held)
@@ -534,7 +537,7 @@ async def test_a_store_call_waiting_for_the_write_lock_is_cancelled_at_once(db: 
         if holder is not None:
             await anyio.to_thread.run_sync(release, holder)
     assert ran == [2] and results == [2]  # the cancelled call never ran; the next one led
-    assert store._queue == [] and not store._leading
+    assert not store._writing
     assert (await journal.inspect(item(1))).status == "absent"
     assert (await journal.inspect(item(2))).status == "started"
 

@@ -29,6 +29,7 @@ from itemjournal import (
 )
 from itemjournal._model.identity import identity_digest
 from itemjournal._model.records import Record
+from itemjournal._stores.sqlite import writer as writer_module
 from itemjournal._stores.sqlite.operation import _Operation
 from itemjournal._stores.sqlite.reads import _FIRST, _page_queries
 from itemjournal._stores.sqlite.schema import SCHEMA_VERSION
@@ -317,9 +318,10 @@ class Gate:
     def __init__(self) -> None:
         self.entered = anyio.Event()  # set from the worker thread, through the event loop
         self.open = threading.Event()
+        self.loop = anyio.lowlevel.current_token()  # the writer thread is not anyio's
 
     def step(self, current: Record | None) -> Step[str]:
-        anyio.from_thread.run_sync(self.entered.set)
+        anyio.from_thread.run_sync(self.entered.set, token=self.loop)
         assert self.open.wait(10)
         return Step(None, "gate")
 
@@ -391,7 +393,7 @@ async def test_a_waiter_cancelled_inside_a_running_batch_waits_for_it(db: Path) 
     assert (await journal.inspect(item(3))).status == "started"
 
 
-async def test_a_cancelled_leader_hands_the_queue_on(db: Path) -> None:
+async def test_calls_cancelled_at_the_head_of_the_queue_leave_the_rest_to_run(db: Path) -> None:
     store, journal = await open_journal(db)
     gate, ran = Gate(), list[int]()
     async with anyio.create_task_group() as tg:
@@ -400,7 +402,7 @@ async def test_a_cancelled_leader_hands_the_queue_on(db: Path) -> None:
         with anyio.CancelScope() as doomed:
             tg.start_soon(store.apply, Identity(*item(5)), writer(5, ran))  # queued behind
             await queued(store, 1)
-            # The next leader in line is cancelled before the gate opens.
+            # The next call in line is cancelled before the gate opens.
             async with anyio.create_task_group() as inner:
                 inner.start_soon(store.apply, Identity(*item(4)), writer(4, ran))
                 await queued(store, 2)
@@ -411,6 +413,62 @@ async def test_a_cancelled_leader_hands_the_queue_on(db: Path) -> None:
     assert (await journal.inspect(item(4))).status == "absent"
     assert (await journal.inspect(item(5))).status == "started"
     assert isinstance(await journal.begin(item(6), INPUTS, DEFINITION), Claim)
+
+
+async def test_batches_are_run_by_the_writer_thread_without_worker_trips(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes go to the store's own writer thread through its queue, and the callers are
+    woken through their event loop: no anyio worker-thread trip per batch, nor per call."""
+    store, journal = await open_journal(db)
+    claim = await journal.begin(item(0), INPUTS, DEFINITION)  # this process named once
+    assert isinstance(claim, Claim)
+    threads: set[str] = set()
+    assert store._writer is not None
+    store._writer.set_trace_callback(lambda _: threads.add(threading.current_thread().name))
+    trips: list[object] = []
+    real = anyio.to_thread.run_sync
+
+    async def counted(function: Callable[..., object], *args: object, **options: object) -> object:
+        trips.append(function)
+        return await real(function, *args, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+
+    async def cycle(n: int) -> None:
+        claim = await journal.begin(item(n), INPUTS, DEFINITION)
+        assert isinstance(claim, Claim)
+        await journal.complete(claim, f"r{n}")
+
+    before = store.commits
+    async with anyio.create_task_group() as tg:
+        for n in range(1, 33):
+            tg.start_soon(cycle, n)
+    monkeypatch.undo()
+    print(f"\n32 cycles in {store.commits - before} commits, {len(trips)} worker trips")
+    assert trips == []
+    assert threads == {f"itemjournal writer {store.path}"}
+    await journal.aclose()
+
+
+async def test_the_writer_thread_ends_when_idle_and_when_closed(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "_IDLE", 0.2)
+    store, journal = await open_journal(db)
+    claim = await journal.begin(item(1), INPUTS, DEFINITION)
+    assert isinstance(claim, Claim)
+    first = store._thread
+    assert first is not None
+    with anyio.fail_after(5):
+        while first.is_alive():  # noqa: ASYNC110 - a thread ending sets no event
+            await anyio.sleep(0.01)
+    assert store._thread is None
+    assert (await journal.complete(claim, "r")).status == "succeeded"  # a new one serves it
+    second = store._thread
+    assert second is not None and second is not first
+    await journal.aclose()
+    assert not second.is_alive() and store._thread is None
 
 
 async def test_a_closed_store_refuses_work(db: Path) -> None:
@@ -486,7 +544,7 @@ async def test_closing_while_calls_are_under_way(db: Path) -> None:
     async with anyio.create_task_group() as tg:
         for n in range(100):
             tg.start_soon(call, n)
-        while not (store._leading or store._reading):
+        while not (store._writing or store._reading):
             await anyio.lowlevel.checkpoint()
         await journal.aclose()  # waits for what is under way; later calls are refused
     assert len(outcomes) == 100
@@ -520,13 +578,14 @@ def release(holder: sqlite3.Connection) -> None:
 def on_retry(store: SQLiteStore) -> anyio.Event:
     """An event set once the store has found the write lock taken and is trying again."""
     retrying = anyio.Event()
+    loop = anyio.lowlevel.current_token()  # the writer thread is not anyio's
     tries: list[str] = []
 
     def trace(statement: str) -> None:
         if statement == "BEGIN IMMEDIATE":
             tries.append(statement)
             if len(tries) == 2:
-                anyio.from_thread.run_sync(retrying.set)
+                anyio.from_thread.run_sync(retrying.set, token=loop)
 
     assert store._writer is not None
     store._writer.set_trace_callback(trace)

@@ -1,6 +1,6 @@
 """One batch of the SQLite store's writer: one transaction, one commit, every answer.
 
-A batch runs in a worker thread on the writer connection. Each operation reads its row,
+A batch runs in the store's writer thread on the writer connection. Each operation reads its row,
 its step decides, and its write joins the transaction; nothing is answered until the
 commit returned. What goes wrong is answered here too: a refusal or an unreadable row is
 that operation's alone; a failure before the commit rolls the transaction back and every
@@ -29,7 +29,7 @@ __all__ = ["BatchTransaction"]
 
 
 class BatchTransaction(abc.ABC):
-    """The writer connection and the batches run on it (the worker-thread half of the
+    """The writer connection and the batches run on it (the thread half of the
     writer). The store gives it the database's names, tells it when the store is closed,
     and says how a connection is made and how a row is read."""
 
@@ -218,7 +218,8 @@ class BatchTransaction(abc.ABC):
         refused, or that only read, keep their answers.
 
         A ``BaseException`` that a step raised goes to that step's caller alone; one from
-        SQLite's side is raised again, to the leader, once every member is settled.
+        SQLite's side is raised again, to the writer thread, once every member is
+        settled (each member's answer says what failed).
         """
         rollback_error = self._roll_back(connection)
         culprit = next((member for member in batch if member.culprit), None)

@@ -2,7 +2,7 @@
 
 An operation (a step on one row, or a setting) waits in the writer's queue (``_PENDING``),
 is taken into a batch (``_TAKEN``) and is done (``_DONE``) once the batch's fate is
-known. Inside the batch, in the worker thread, its outcome is only decided; it is
+known. Inside the batch, in the writer thread, its outcome is only decided; it is
 published to its caller when the batch has committed, or failed, as a whole.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Final, Generic, TypeVar
 
 import anyio
+from anyio.lowlevel import EventLoopToken
 
 from ..._model.identity import Identity, identity_digest
 from ..seam import StepFunction
@@ -26,25 +27,27 @@ _UNSET: Final[Any] = object()
 class _Operation(Generic[T]):
     """One caller's step (or setting), waiting for (or inside) a batch.
 
-    Inside the batch (in the worker thread) the outcome is only *decided*
+    Inside the batch (in the writer thread) the outcome is only *decided*
     (``pending``); it is published (``answer``/``error``, ``settled``) when the batch's
-    fate is known, and the caller is woken after the worker trip.
+    fate is known, and the caller is woken through its event loop.
     """
 
     __slots__ = (
         "_done",
+        "abandoned",
         "answer",
         "culprit",
         "depends",
         "error",
         "identity",
         "key",
-        "leads",
         "pending",
+        "queued_at",
         "setting",
         "settled",
         "state",
         "step",
+        "token",
         "wrote",
     )
 
@@ -61,7 +64,9 @@ class _Operation(Generic[T]):
         self.step = step
         self.setting = setting
         self.state = _PENDING
-        self.leads = False
+        self.token: EventLoopToken | None = None  # the caller's event loop, to be woken on
+        self.queued_at = 0.0  # time.monotonic() when the caller queued it
+        self.abandoned = False  # its caller was cancelled while a batch held it
         self._done: anyio.Event | None = None
         self.answer: T = _UNSET
         self.error: BaseException | None = None
@@ -77,15 +82,10 @@ class _Operation(Generic[T]):
 
     @property
     def done(self) -> anyio.Event:
-        """Set when the operation is done, or when it is made the leader (made on demand:
-        a lone operation never waits, so it never needs one)."""
+        """Set (on the caller's event loop) when the operation is done."""
         if self._done is None:
             self._done = anyio.Event()
         return self._done
-
-    def wake(self) -> None:
-        if self._done is not None:
-            self._done.set()
 
     def reset(self) -> None:
         self.pending = None

@@ -3,7 +3,7 @@
 ``SQLiteStore`` is the seam (``Store``) over one SQLite database in WAL mode. It is
 made of the rooms beside it: ``opening`` makes the file privately and checks the schema
 (``schema``: the tables, whose database it is, migration); the writer batches operations
-(``writer``: the queue and its leader; ``batch``: one transaction and one commit for
+(``writer``: the queue and the thread that serves it; ``batch``: one transaction and one commit for
 every operation of a batch); ``reads`` holds the statements of scans, the tally and the
 ages; ``connection`` makes every connection and reads SQLite's errors. The store itself
 holds the connections (one writer, a pool of readers) and the seam's calls.
@@ -169,8 +169,9 @@ class SQLiteStore(BatchWriter, ProcessOwners):
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
+            await self._stop()  # the writer thread ends once what was queued is done
             # Reads end in worker threads, which cannot set an event: poll.
-            while self._leading or self._queue or self._reading:  # noqa: ASYNC110
+            while self._reading:  # noqa: ASYNC110
                 await anyio.sleep(0.001)
             await run_in_thread(self._close_sync)
 

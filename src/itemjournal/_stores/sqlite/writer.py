@@ -1,23 +1,31 @@
-"""The SQLite store's batching writer: the queue of operations and its leader.
+"""The SQLite store's batching writer: a queue of operations and the thread that serves it.
 
-Operations that arrive while a commit is in flight wait in a queue; the next batch takes
-all of them into ONE transaction with ONE commit (one WAL sync, see ``batch``). The first
-caller to find no batch under way leads: it runs batches in a worker thread until its own
-operation is done, then hands the lead to the first operation still queued. A lone
-operation runs at once: there is no timer waiting for company.
+Callers put their operations in a queue and wait on the event loop. One writer thread
+per store takes everything queued into ONE transaction with ONE commit (one WAL sync,
+see ``batch``), answers every caller of the batch at once through its event loop
+(anyio's event-loop token: one callback per loop and batch, without waiting for it),
+and takes the next batch straight away: the operations that queued while a commit was
+in flight. A lone operation runs at once: there is no timer waiting for company. The
+thread is started by the first operation, and ends when the store closes or after
+``_IDLE`` seconds without work (the next operation starts it again).
 
-While another process holds SQLite's write lock, the leader sleeps on the event loop
-(short, jittered, cancellable sleeps) before it tries again; SQLite's own busy handler,
-whose sleeps lengthen to 100 ms, would let a busy process starve a waiting one and could
-not be cancelled. An operation cancelled while queued leaves the queue and never runs;
-one cancelled while its batch runs waits for the batch, so its outcome is settled.
+While another process holds SQLite's write lock, the batch goes back to the queue and
+the thread waits (short, jittered sleeps, growing to 5 ms) before it tries again; an
+operation queued for ``busy_timeout`` seconds by then fails with ``ETIMEDOUT``.
+SQLite's own busy handler, whose sleeps lengthen to 100 ms, would let a busy process
+starve a waiting one. An operation cancelled while queued (waiting for the lock
+included) leaves the queue at once and never runs; one cancelled while its batch runs
+waits for the batch, so its outcome is settled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import random
-from typing import Any, TypeVar
+import threading
+import time
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -31,115 +39,175 @@ __all__ = ["BatchWriter"]
 
 T = TypeVar("T")
 
+_IDLE: Final = 5.0  # seconds without work before the writer thread ends
+_FIRST_DELAY, _LONGEST_DELAY = 0.0002, 0.005  # retries while another process writes
+
 
 class BatchWriter(BatchTransaction):
-    """The queue of operations waiting for a batch, and the leader that runs the batches
-    (the event-loop half of the writer). ``busy_timeout`` (seconds) bounds how long a
-    leader waits for another process's write lock."""
+    """The queue of operations waiting for a batch (the event-loop half of the writer)
+    and the thread that runs the batches. ``busy_timeout`` (seconds) bounds how long an
+    operation waits for another process's write lock."""
 
     busy_timeout: float
 
     def __init__(self) -> None:
         super().__init__()
-        self._queue: list[_Operation[Any]] = []
-        self._leading = False
+        self._queue: list[_Operation[Any]] = []  # guarded by _lock, as are the two below
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)  # new work, or stop: for an idle thread
+        self._thread: threading.Thread | None = None
+        self._idle = False  # the thread waits for work (and wants to hear of it)
+        self._stopping = False
+        self._running = False  # the thread holds a batch (running it, or about to retry it)
+
+    @property
+    def _writing(self) -> bool:
+        """Work is queued or under way (for closing and for tests)."""
+        return bool(self._queue) or self._running
 
     async def _submit(self, operation: _Operation[T]) -> T:
         await anyio.lowlevel.checkpoint_if_cancelled()  # the only cancel point before queueing
         if self._closed:
             raise StorageFailed(f"{self!r} is closed")
-        self._queue.append(operation)
-        if not self._leading:
-            self._leading = True
-            operation.leads = True
-        else:
-            await self._wait(operation)
-            if operation.state == _DONE:
-                return operation.result()
-        await self._lead(operation)
+        operation.token = anyio.lowlevel.current_token()
+        operation.queued_at = time.monotonic()
+        done = operation.done  # made here, on the event loop, before the thread can answer
+        with self._lock:
+            self._queue.append(operation)
+            thread = self._thread
+            # Not started yet, ended when idle, or ended by an error.
+            if thread is None or not thread.is_alive():
+                self._start()
+            elif self._idle:
+                self._work.notify()
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            await self._cancelled(operation)
+            raise
         return operation.result()
 
-    async def _lead(self, operation: _Operation[Any]) -> None:
-        """Run batches until the leader's own operation is done, then hand over.
+    def _start(self) -> None:
+        thread = threading.Thread(
+            target=self._serve, name=f"itemjournal writer {self.path}", daemon=True
+        )
+        self._thread = thread
+        thread.start()
 
-        While another process holds SQLite's write lock, the batch goes back to the
-        queue and the leader sleeps on the event loop (cancellable) before it tries
-        again, for at most ``busy_timeout`` seconds.
-        """
-        deadline = anyio.current_time() + self.busy_timeout
-        delay = 0.0002
-        try:
-            while operation.state != _DONE:
+    async def _cancelled(self, operation: _Operation[Any]) -> None:
+        """The caller was cancelled: a queued operation leaves the queue and never runs;
+        one in a batch under way is waited for (shielded), so its outcome is settled
+        before the cancellation goes on."""
+        with self._lock:
+            queued = operation.state == _PENDING
+            if queued:
+                self._queue.remove(operation)
+            else:  # a batch that finds the write lock taken gives it up instead of back
+                operation.abandoned = True
+        if queued:
+            return
+        with anyio.CancelScope(shield=True):
+            while not operation.done.is_set():  # set once the batch is done
+                try:
+                    await operation.done.wait()
+                except anyio.get_cancelled_exc_class():  # a second, native cancel
+                    continue
+
+    async def _stop(self) -> None:
+        """Let the thread finish what is queued, then end it (shielded)."""
+        with self._lock:
+            self._stopping = True
+            self._work.notify()
+            thread = self._thread
+        if thread is not None:
+            with anyio.CancelScope(shield=True):
+                await run_in_thread(thread.join)
+
+    # ------------------------------------------------------------------ the writer thread
+
+    def _serve(self) -> None:
+        """The writer thread: batch after batch, until stopped or idle."""
+        delay = _FIRST_DELAY
+        while True:
+            with self._lock:
+                while not self._queue:
+                    if self._stopping or not self._wait_for_work():
+                        if self._thread is threading.current_thread():
+                            self._thread = None
+                        return
                 batch, self._queue = self._queue, []
                 for member in batch:
                     member.state = _TAKEN
+                self._running = True
+            try:
+                busy = self._run_batch(batch)
+            except BaseException:  # every member is settled, and its answer says what failed
                 busy = False
-                try:
-                    busy = await run_in_thread(self._run_batch, batch)
-                finally:
-                    if any(member.settled for member in batch):
-                        for member in batch:
-                            if not member.settled:  # pragma: no cover - the batch settles all
-                                member.fail(StorageFailed("the batch holding this call failed"))
-                            member.state = _DONE
-                            member.wake()
-                    elif not busy:  # the trip never ran (cancelled first): give the rest back
-                        self._give_back([m for m in batch if m is not operation])
-                if not busy:
-                    continue
-                if anyio.current_time() >= deadline:
-                    for member in batch:
-                        member.fail(
-                            StorageFailed(
-                                f"another process held the write lock of {self.path} for "
-                                f"{self.busy_timeout:g} s",
-                                errno=errno.ETIMEDOUT,
-                            )
-                        )
-                        member.state = _DONE
-                        member.wake()
-                    continue
-                self._give_back(batch)
-                try:
-                    await anyio.sleep(delay * (0.5 + random.random()))
-                except BaseException:
-                    self._queue.remove(operation)
-                    raise
-                delay = min(delay * 2, 0.005)
-        finally:
-            self._hand_over()
+            if not busy:
+                delay = _FIRST_DELAY
+                self._answer(batch)
+                continue
+            self._retry_later(batch, delay)
+            delay = min(delay * 2, _LONGEST_DELAY)
 
-    def _give_back(self, members: list[_Operation[Any]]) -> None:
-        for member in members:
-            member.state = _PENDING
-        self._queue[:0] = members
-
-    async def _wait(self, operation: _Operation[Any]) -> None:
-        """Wait until the operation was done by a batch, or was made the leader.
-
-        Cancelled while queued, it leaves the queue and never runs. Cancelled while a
-        batch holding it runs, it waits for that batch (shielded) so that its outcome is
-        settled before the cancellation goes on.
-        """
+    def _wait_for_work(self) -> bool:
+        """Wait (holding the lock's condition) for work; False after ``_IDLE`` seconds."""
+        self._idle = True
         try:
-            await operation.done.wait()
-        except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):
-                while operation.state == _TAKEN:
-                    try:
-                        await operation.done.wait()
-                    except anyio.get_cancelled_exc_class():  # a second, native cancel
-                        continue
-            if operation.state == _PENDING:
-                self._queue.remove(operation)
-                if operation.leads:
-                    self._hand_over()
-            raise
+            return self._work.wait(_IDLE) or bool(self._queue)
+        finally:
+            self._idle = False
 
-    def _hand_over(self) -> None:
-        if self._queue:
-            successor = self._queue[0]
-            successor.leads = True
-            successor.done.set()  # wakes it (or, not yet waiting, it finds it set); it leads
-        else:
-            self._leading = False
+    def _retry_later(self, batch: list[_Operation[Any]], delay: float) -> None:
+        """Another process holds the write lock: operations queued ``busy_timeout`` ago
+        fail, as do those whose callers were cancelled meanwhile; the others go back to
+        the front of the queue, to be tried after a short sleep (cut short by closing)."""
+        now = time.monotonic()
+        ended: list[_Operation[Any]] = []
+        with self._lock:
+            waiting = []
+            for member in batch:
+                if member.abandoned:  # its caller was cancelled meanwhile: it never runs
+                    member.fail(
+                        StorageFailed(f"cancelled while waiting for the write lock of {self.path}")
+                    )
+                    ended.append(member)
+                elif now - member.queued_at >= self.busy_timeout:
+                    member.fail(
+                        StorageFailed(
+                            f"another process held the write lock of {self.path} for "
+                            f"{self.busy_timeout:g} s",
+                            errno=errno.ETIMEDOUT,
+                        )
+                    )
+                    ended.append(member)
+                else:
+                    member.state = _PENDING
+                    waiting.append(member)
+            self._queue[:0] = waiting
+        self._answer(ended)
+        with self._lock:
+            if not self._stopping:
+                self._work.wait(delay * (0.5 + random.random()))
+
+    def _answer(self, batch: list[_Operation[Any]]) -> None:
+        """Every member is done: wake each caller, with one callback per event loop."""
+        loops: dict[anyio.lowlevel.EventLoopToken | None, list[_Operation[Any]]] = {}
+        for member in batch:
+            if not member.settled:  # pragma: no cover - a batch settles all its members
+                member.fail(StorageFailed("the batch holding this call failed"))
+            member.state = _DONE
+            loops.setdefault(member.token, []).append(member)
+        self._running = False
+        for token, members in loops.items():
+            if token is None:  # pragma: no cover - every queued operation has its loop's
+                continue
+            # Without waiting for the loop (``run_sync_soon`` of ``anyio.abc.AsyncBackend``,
+            # as ``anyio.from_thread`` does); a loop that has ended has no one waiting.
+            with contextlib.suppress(anyio.RunFinishedError):
+                token.backend_class.run_sync_soon(_wake, (members,), token.native_token)
+
+
+def _wake(members: list[_Operation[Any]]) -> None:
+    for member in members:
+        member.done.set()
