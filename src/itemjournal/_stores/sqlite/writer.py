@@ -192,16 +192,22 @@ class BatchWriter(BatchTransaction):
 
     def _answer(self, batch: list[_Operation[Any]]) -> None:
         """Every member is done: wake each caller, with one callback per event loop."""
-        loops: dict[anyio.lowlevel.EventLoopToken | None, list[_Operation[Any]]] = {}
+        # By the loop itself (hashed by identity), not by its token (a dataclass, hashed
+        # field by field): a batch's members mostly share one loop.
+        loops: dict[object, tuple[anyio.lowlevel.EventLoopToken, list[_Operation[Any]]]] = {}
         for member in batch:
             if not member.settled:  # pragma: no cover - a batch settles all its members
                 member.fail(StorageFailed("the batch holding this call failed"))
             member.state = _DONE
-            loops.setdefault(member.token, []).append(member)
+            token = member.token
+            assert token is not None  # every queued operation has its loop's
+            known = loops.get(token.native_token)
+            if known is None:
+                loops[token.native_token] = (token, [member])
+            else:
+                known[1].append(member)
         self._running = False
-        for token, members in loops.items():
-            if token is None:  # pragma: no cover - every queued operation has its loop's
-                continue
+        for token, members in loops.values():
             # Without waiting for the loop (``run_sync_soon`` of ``anyio.abc.AsyncBackend``,
             # as ``anyio.from_thread`` does); a loop that has ended has no one waiting.
             with contextlib.suppress(anyio.RunFinishedError):
