@@ -1,8 +1,9 @@
 """``run_in_thread``: a worker trip is waited for, even through native asyncio cancels.
 
 No test here sleeps to order events: a worker thread tells the loop it has started
-through ``anyio.from_thread``, and "the task is still waiting" is checked after the
-loop has run a fixed number of rounds, not after some wall-clock time.
+through ``anyio.from_thread`` (with the loop's token: the stores' worker threads are not
+anyio's), and "the task is still waiting" is checked after the loop has run a fixed
+number of rounds, not after some wall-clock time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
+from itemjournal._stores import workers
 from itemjournal._stores.threads import run_in_thread
 
 pytestmark = pytest.mark.anyio
@@ -33,15 +35,15 @@ async def let_the_loop_run(rounds: int = ROUNDS) -> None:
 
 
 @contextmanager
-def one_worker_token() -> Iterator[anyio.CapacityLimiter]:
-    """Make the default thread limiter (the one ``run_in_thread`` uses) one token wide."""
-    limiter = anyio.to_thread.current_default_thread_limiter()
-    before = limiter.total_tokens
-    limiter.total_tokens = 1
+def one_worker() -> Iterator[None]:
+    """A fresh pool of one thread at most for ``run_in_thread``, for the ``with`` block."""
+    before = workers._POOL
+    workers._POOL = workers._Pool()
+    workers._POOL.limit = 1
     try:
-        yield limiter
+        yield
     finally:
-        limiter.total_tokens = before
+        workers._POOL = before
 
 
 async def test_result_and_error_pass_through(anyio_backend: str) -> None:
@@ -58,9 +60,10 @@ async def test_anyio_cancel_waits_for_the_trip(anyio_backend: str) -> None:
     entered = anyio.Event()
     release = threading.Event()
     finished: list[bool] = []
+    loop = anyio.lowlevel.current_token()
 
     def slow() -> int:
-        anyio.from_thread.run_sync(entered.set)
+        anyio.from_thread.run_sync(entered.set, token=loop)
         assert release.wait(BOUND)
         finished.append(True)
         return 1
@@ -91,9 +94,10 @@ async def test_native_cancel_is_held_until_the_trip_ends(anyio_backend: str) -> 
     entered = anyio.Event()
     release = threading.Event()
     finished: list[bool] = []
+    loop = anyio.lowlevel.current_token()
 
     def slow() -> None:
-        anyio.from_thread.run_sync(entered.set)
+        anyio.from_thread.run_sync(entered.set, token=loop)
         assert release.wait(BOUND)
         finished.append(True)
 
@@ -122,36 +126,37 @@ def _let_go(task: asyncio.Task[object]) -> None:
     test run) from ever closing.
     """
     frame = task.get_coro().cr_frame  # type: ignore[union-attr]
-    trip = None if frame is None else frame.f_locals.get("trip")
-    if trip is not None:
-        trip.finished = True
+    call = None if frame is None else frame.f_locals.get("call")
+    if call is not None:
+        call.finished_event.set()
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_native_cancel_before_the_trip_starts_skips_it(anyio_backend: str) -> None:
-    """The trip waits for a worker thread (every token is held) when ``task.cancel()`` lands."""
+    """The trip waits for a worker thread (the only one is busy) when ``task.cancel()``
+    lands."""
     holding = anyio.Event()
     release = threading.Event()
     ran: list[bool] = []
+    loop = anyio.lowlevel.current_token()
 
-    def hold_the_only_token() -> None:
-        anyio.from_thread.run_sync(holding.set)
+    def hold_the_only_thread() -> None:
+        anyio.from_thread.run_sync(holding.set, token=loop)
         release.wait(2 * BOUND)  # set in the ``finally`` below, however the test goes
 
-    with one_worker_token() as limiter:
+    with one_worker():
         async with anyio.create_task_group() as tg:
-            tg.start_soon(anyio.to_thread.run_sync, hold_the_only_token)
+            tg.start_soon(run_in_thread, hold_the_only_thread)
             try:
                 with anyio.fail_after(BOUND):
                     await holding.wait()
-                assert limiter.borrowed_tokens == limiter.total_tokens == 1
-
+                assert workers._POOL.threads == 1 and not workers._POOL.idle
                 task = asyncio.ensure_future(run_in_thread(lambda: ran.append(True)))
                 for _ in range(ROUNDS):
-                    if limiter.statistics().tasks_waiting:
+                    if workers._POOL.queue:
                         break
                     await anyio.lowlevel.checkpoint()
-                assert limiter.statistics().tasks_waiting == 1  # the trip waits for a thread
+                assert len(workers._POOL.queue) == 1  # the trip waits for a thread
                 assert not task.done()
 
                 task.cancel()
@@ -160,10 +165,9 @@ async def test_native_cancel_before_the_trip_starts_skips_it(anyio_backend: str)
                     _let_go(task)
                 assert done, "a native cancel of a trip that never started was not taken"
                 assert task.cancelled()
-                assert limiter.statistics().tasks_waiting == 0  # it left the queue
             finally:
                 release.set()
-        # One token, handed out in FIFO order: had the trip still been queued, it would
-        # have run before this call got the token back.
-        await anyio.to_thread.run_sync(lambda: None)
+        # One thread, taking the queue in order: had the trip still been due to run, it
+        # would have run before this one.
+        await run_in_thread(lambda: None)
     assert ran == []

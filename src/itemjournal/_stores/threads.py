@@ -1,11 +1,12 @@
 """One worker-thread trip that is never abandoned half-way.
 
-``anyio.to_thread.run_sync`` already waits for its thread when an anyio cancel scope
-is cancelled. A *native* asyncio cancellation (``task.cancel()``, ``asyncio.timeout``,
-``wait_for``) is not stopped by anyio's shield, though: it raises at the await while
-the thread goes on writing. A durable write must not outlive the task that waits for
-it unseen, so ``run_in_thread`` keeps waiting until the trip has finished (or never
-started), and only then lets the cancellation go on.
+A trip runs in one of the stores' worker threads (``workers``). Its caller waits on an
+event that the thread sets through the caller's event loop. Cancelled (by an anyio
+cancel scope, or natively: ``task.cancel()``, ``asyncio.timeout``, ``wait_for``, which
+anyio's shield does not stop), a caller whose trip has not started yet makes sure it
+never will; one whose trip is under way keeps waiting, shielded, until it has finished,
+and only then lets the cancellation go on: a durable write must not outlive the task
+that waits for it unseen.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
 
 from .._model.errors import StorageFailed
+from .workers import Call, submit
 
 __all__ = ["Trips", "run_in_thread"]
 
@@ -77,17 +78,24 @@ async def run_in_thread(
     ``on_cancel``, when given, is called (on the event loop, once, and it must not block)
     when the caller is cancelled while the trip runs: it may ask the trip to end early.
     """
+    await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller starts no trip
     trip: _Trip[T] = _Trip(function, args)
+    call = Call(trip.run)
+    submit(call)
     try:
-        await anyio.to_thread.run_sync(trip.run, abandon_on_cancel=on_cancel is not None)
+        # Without ``on_cancel``, an anyio cancel waits for the trip and its answer is
+        # returned (the cancellation comes at the caller's next checkpoint), as
+        # ``anyio.to_thread.run_sync`` does; a native cancel is not held by a shield.
+        with anyio.CancelScope(shield=on_cancel is None):
+            await call.finished_event.wait()
     except BaseException:
         if not trip.abandon():
             if on_cancel is not None and not trip.finished:
                 on_cancel()
             with anyio.CancelScope(shield=True):
-                while not trip.finished:
+                while not call.finished_event.is_set():
                     try:
-                        await anyio.sleep(0.0005)
+                        await call.finished_event.wait()
                     except anyio.get_cancelled_exc_class():
                         continue  # another native cancel: the trip still has to end first
         raise

@@ -548,7 +548,8 @@ async def test_cancellation_at_random_points(location: str, anyio_backend: str) 
             holder.close()
         assert await record_of(reader, fresh) is None
         counts["waits cancelled"] += 2
-    assert slowest < 0.5, slowest  # the statement is interrupted, not waited out (30 s)
+    # Interrupted, not waited out (30 s): about 10 ms here, past 1 s on a loaded machine.
+    assert slowest < 5.0, slowest
 
     # No cancelled call left a transaction holding a row, and the pool still serves.
     connection, schema = _pg.connect(location, autocommit=False)
