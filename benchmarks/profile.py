@@ -32,6 +32,8 @@ WAITING = frozenset(
         "EpollSelector.select (selectors.py)",
         "Event.wait (threading.py)",
         "Thread._wait_for_tstate_lock (threading.py)",
+        # an idle thread of the stores' pool, waiting for a call (a lock's acquire)
+        "_Pool._serve (itemjournal/_stores/workers.py)",
     }
 )
 
