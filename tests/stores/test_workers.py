@@ -3,6 +3,7 @@ child starts with no thread it does not have."""
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import threading
@@ -111,3 +112,24 @@ async def test_a_forked_child_starts_with_an_empty_pool(anyio_backend: str) -> N
             os.close(read)
             await anyio.to_thread.run_sync(os.waitpid, child, 0)
     assert answer == b"empty"
+
+
+async def test_a_thread_that_cannot_start_fails_its_call_which_never_runs(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[int] = []
+    start = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "itemjournal worker":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    with fresh_pool(4) as pool:
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start"):
+            await run_in_thread(ran.append, 1)
+        assert pool.threads == 0 and pool.queue == collections.deque()
+        monkeypatch.undo()
+        await run_in_thread(ran.append, 2)
+    assert ran == [2]

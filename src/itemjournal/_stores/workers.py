@@ -116,8 +116,9 @@ class _Pool:
 
 def _finished(call: Call) -> None:
     token = call.token
-    # A loop that has ended has no one waiting.
-    with contextlib.suppress(anyio.RunFinishedError):
+    # A loop that has ended (RunFinishedError) has no one waiting; whatever else a loop
+    # refuses must not end the thread, which the pool counts on.
+    with contextlib.suppress(Exception):
         token.backend_class.run_sync_soon(call.finished_event.set, (), token.native_token)
 
 

@@ -471,6 +471,31 @@ async def test_the_writer_thread_ends_when_idle_and_when_closed(
     assert not second.is_alive() and store._thread is None
 
 
+async def test_a_writer_thread_that_cannot_start_fails_its_call_which_never_runs(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, journal = await open_journal(db)
+    await journal.aclose()  # its writer thread ended
+    store, journal = await open_journal(db)
+    start = threading.Thread.start
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name.startswith("itemjournal writer"):
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    with pytest.raises(StorageFailed, match="cannot start the writer thread") as caught:
+        await journal.begin(item(1), INPUTS, DEFINITION)
+    assert "nothing was written" in str(caught.value)
+    assert store._queue == []
+    monkeypatch.undo()
+    claim = await journal.begin(item(2), INPUTS, DEFINITION)  # a thread starts now
+    assert isinstance(claim, Claim)
+    assert (await journal.inspect(item(1))).status == "absent"  # and ran only this call
+    await journal.aclose()
+
+
 async def test_a_closed_store_refuses_work(db: Path) -> None:
     store, journal = await open_journal(db)
     await journal.aclose()

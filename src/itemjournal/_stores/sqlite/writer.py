@@ -77,7 +77,14 @@ class BatchWriter(BatchTransaction):
             thread = self._thread
             # Not started yet, ended when idle, or ended by an error.
             if thread is None or not thread.is_alive():
-                self._start()
+                try:
+                    self._start()
+                except BaseException as error:  # it must not run later, unawaited
+                    self._queue.remove(operation)
+                    raise StorageFailed(
+                        f"cannot start the writer thread of {self.path}, so nothing was "
+                        f"written: {error}"
+                    ) from error
             elif self._idle:
                 self._work.notify()
         try:
@@ -209,8 +216,9 @@ class BatchWriter(BatchTransaction):
         self._running = False
         for token, members in loops.values():
             # Without waiting for the loop (``run_sync_soon`` of ``anyio.abc.AsyncBackend``,
-            # as ``anyio.from_thread`` does); a loop that has ended has no one waiting.
-            with contextlib.suppress(anyio.RunFinishedError):
+            # as ``anyio.from_thread`` does). A loop that has ended (RunFinishedError) has
+            # no one waiting; whatever else a loop refuses must not end the writer thread.
+            with contextlib.suppress(Exception):
                 token.backend_class.run_sync_soon(_wake, (members,), token.native_token)
 
 
