@@ -22,12 +22,14 @@ import contextvars
 import os
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVarTuple, Unpack
 
 import anyio
 import anyio.lowlevel
 
-__all__ = ["IDLE", "LIMIT", "Call", "submit"]
+__all__ = ["IDLE", "LIMIT", "Call", "call_soon", "submit"]
+
+Args = TypeVarTuple("Args")
 
 LIMIT: Final = 40  # threads at most, as anyio's default thread limiter allows
 IDLE: Final = 10.0  # seconds without work before a thread ends
@@ -115,11 +117,19 @@ class _Pool:
 
 
 def _finished(call: Call) -> None:
-    token = call.token
-    # A loop that has ended (RunFinishedError) has no one waiting; whatever else a loop
-    # refuses must not end the thread, which the pool counts on.
+    call_soon(call.token, call.finished_event.set)
+
+
+def call_soon(
+    token: anyio.lowlevel.EventLoopToken, function: Callable[[Unpack[Args]], object], *args: *Args
+) -> None:
+    """From any thread, have ``function(*args)`` called on ``token``'s event loop, without
+    waiting for it (``run_sync_soon`` of ``anyio.abc.AsyncBackend``, as
+    ``anyio.from_thread`` uses it). A loop that has ended (RunFinishedError) has no one
+    waiting; whatever else a loop refuses must not end the calling thread, which its
+    owner counts on."""
     with contextlib.suppress(Exception):
-        token.backend_class.run_sync_soon(call.finished_event.set, (), token.native_token)
+        token.backend_class.run_sync_soon(function, args, token.native_token)
 
 
 _POOL = _Pool()

@@ -20,7 +20,6 @@ waits for the batch, so its outcome is settled.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import random
 import threading
@@ -32,6 +31,7 @@ import anyio.lowlevel
 
 from ..._model.errors import StorageFailed
 from ..threads import run_in_thread
+from ..workers import call_soon
 from .batch import BatchTransaction
 from .operation import _DONE, _PENDING, _TAKEN, _Operation
 
@@ -215,11 +215,7 @@ class BatchWriter(BatchTransaction):
                 known[1].append(member)
         self._running = False
         for token, members in loops.values():
-            # Without waiting for the loop (``run_sync_soon`` of ``anyio.abc.AsyncBackend``,
-            # as ``anyio.from_thread`` does). A loop that has ended (RunFinishedError) has
-            # no one waiting; whatever else a loop refuses must not end the writer thread.
-            with contextlib.suppress(Exception):
-                token.backend_class.run_sync_soon(_wake, (members,), token.native_token)
+            call_soon(token, _wake, members)
 
 
 def _wake(members: list[_Operation[Any]]) -> None:
