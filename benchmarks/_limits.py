@@ -1,8 +1,11 @@
 """The limits each store is measured against: what its storage does with no journal logic.
 
 ``file``
-    The file store's own durable-save system calls (``bench_filestore.BareSaves``), one
-    worker-thread trip per save, as the store makes them.
+    Every system call the file store makes for a ``begin`` and a ``complete`` while its
+    saves overlap (``bench_filestore.StoreSaves``: the record lock, the read of the
+    current document, the durable save), one worker-thread trip per save, as the store
+    makes them; ``file_calls_same`` compares the two in a child process. ``file saves``
+    is the durable saves alone (``BareSaves``), for reference.
 ``sqlite``
     The SQLite store's own SQL (the row read and the upsert of each operation, inside
     ``BEGIN IMMEDIATE`` … ``COMMIT``) in the same batch sizes as the store's commits in
@@ -14,17 +17,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
 import sqlite3
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 import anyio.to_thread
 from _common import Env, Sample, measure, run_directory
 from _stores import PG_POOL_SIZE
-from bench_filestore import BareSaves
+from bench_filestore import BareSaves, StoreSaves
 from bench_postgres import Bare, _create_bare_table, _drop
 from bench_postgres import Settings as PostgresSettings
 
@@ -37,6 +43,20 @@ PAYLOAD = 1024  # bytes per bare file save; a journal record is about 750-900 B
 
 
 async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    async with run_directory(env.base, "limit-") as root:
+        saves = StoreSaves(root, PAYLOAD)
+        try:
+
+            async def cycle(index: int) -> None:
+                await anyio.to_thread.run_sync(saves.begin, index)
+                await anyio.to_thread.run_sync(saves.complete, index)
+
+            return await measure(cycle, cycles, concurrency)
+        finally:
+            saves.close()
+
+
+async def run_file_saves(env: Env, cycles: int, concurrency: int) -> Sample:
     async with run_directory(env.base, "bare-") as root:
         saves = BareSaves(root, PAYLOAD)
 
@@ -45,6 +65,23 @@ async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
             await anyio.to_thread.run_sync(saves.complete, index)
 
         return await measure(cycle, cycles, concurrency)
+
+
+def file_calls_same(base: str) -> bool | None:
+    """Whether one store cycle and one of the limit's make the same audited calls, traced
+    in a child process (an audit hook cannot be removed); None when it could not run."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_filestore.py")
+    try:
+        done = subprocess.run(
+            [sys.executable, script, "--traced-calls", "--dir", base],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return bool(json.loads(done.stdout)["same"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return None
 
 
 # ---------------------------------------------------------------------- SQLite
