@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import anyio.to_thread
 from _common import Env, Sample, measure, run_directory
 from _stores import PG_POOL_SIZE
-from bench_filestore import BareSaves, StoreSaves
+from bench_filestore import BareSaves, StoreSaves, save_cycle
 from bench_postgres import Bare, _create_bare_table, _drop
 from bench_postgres import Settings as PostgresSettings
 
@@ -46,25 +46,14 @@ async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
     async with run_directory(env.base, "limit-") as root:
         saves = StoreSaves(root, PAYLOAD)
         try:
-
-            async def cycle(index: int) -> None:
-                await anyio.to_thread.run_sync(saves.begin, index)
-                await anyio.to_thread.run_sync(saves.complete, index)
-
-            return await measure(cycle, cycles, concurrency)
+            return await measure(save_cycle(saves), cycles, concurrency)
         finally:
             saves.close()
 
 
 async def run_file_saves(env: Env, cycles: int, concurrency: int) -> Sample:
     async with run_directory(env.base, "bare-") as root:
-        saves = BareSaves(root, PAYLOAD)
-
-        async def cycle(index: int) -> None:
-            await anyio.to_thread.run_sync(saves.begin, index)
-            await anyio.to_thread.run_sync(saves.complete, index)
-
-        return await measure(cycle, cycles, concurrency)
+        return await measure(save_cycle(BareSaves(root, PAYLOAD)), cycles, concurrency)
 
 
 def file_calls_same(base: str) -> bool | None:

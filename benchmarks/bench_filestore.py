@@ -404,16 +404,20 @@ def traced_calls(base: str) -> dict[str, list[tuple[object, ...]]]:
     return found
 
 
+def save_cycle(saves: BareSaves | StoreSaves) -> CycleFunction:
+    """A cycle of bare saves: ``begin`` and ``complete``, one worker-thread trip each."""
+
+    async def cycle(index: int) -> None:
+        await anyio.to_thread.run_sync(saves.begin, index)
+        await anyio.to_thread.run_sync(saves.complete, index)
+
+    return cycle
+
+
 async def run_bare(base: str, cycles: int, concurrency: int, payload: int) -> Sample:
     """The same saves with no journal logic, one worker-thread trip per save."""
     async with run_directory(base, "bare-") as root:
-        saves = BareSaves(root, payload)
-
-        async def cycle(index: int) -> None:
-            await anyio.to_thread.run_sync(saves.begin, index)
-            await anyio.to_thread.run_sync(saves.complete, index)
-
-        return await _measure(cycle, cycles, concurrency)
+        return await _measure(save_cycle(BareSaves(root, payload)), cycles, concurrency)
 
 
 async def run_limit(base: str, cycles: int, concurrency: int, payload: int) -> Sample:
@@ -421,12 +425,7 @@ async def run_limit(base: str, cycles: int, concurrency: int, payload: int) -> S
     async with run_directory(base, "limit-") as root:
         saves = StoreSaves(root, payload)
         try:
-
-            async def cycle(index: int) -> None:
-                await anyio.to_thread.run_sync(saves.begin, index)
-                await anyio.to_thread.run_sync(saves.complete, index)
-
-            return await _measure(cycle, cycles, concurrency)
+            return await _measure(save_cycle(saves), cycles, concurrency)
         finally:
             saves.close()
 
