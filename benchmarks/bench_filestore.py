@@ -21,17 +21,17 @@ Three workloads run side by side in one process, on asyncio and on trio:
     and the lock released. The fan-out directory and its ``.lock`` stay open, as the
     store keeps them while saves overlap. ``--traced-calls`` compares the audited calls
     (``sys.addaudithook``: open, link, rename, remove, fcntl) of one store cycle with
-    one of the limit's and prints ``same`` or ``DIFFERENT``.
+    one of the limit's and prints whether they are the same, as JSON.
 
 ``bare``
     The saves alone (``BareSaves``: no lock, no read, no backup; the directory opened
     for each fsync), for reference.
 
-    Records use the store's layout, ``root/<first two hex of sha256>/<sha256>.json``;
-    a fan-out directory is created on first use and the root is synced after it, as the
-    store does.
+The limit and the saves use the store's layout,
+``root/<first two hex of sha256>/<sha256>.json``; a fan-out directory is created on first
+use and the root is synced after it, as the store does.
 
-Both run ``--concurrency`` tasks in one task group that share a cycle counter, while a
+Each runs ``--concurrency`` tasks in one task group that share a cycle counter, while a
 ticker task sleeps 1 ms in a loop and records how late each wake-up is. Rounds alternate
 the order of the workloads; the table shows medians over rounds, then the ratios
 journal/limit throughput (goal >= 0.70) and journal/limit p99 lag (goal <= 1.5), each
