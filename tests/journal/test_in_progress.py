@@ -366,6 +366,12 @@ async def test_a_dead_owner_is_found_at_begin_and_marked_once(journal: Journal, 
     child.stdin.write("exit\n")
     child.stdin.flush()
     await anyio.to_thread.run_sync(child.wait)
+    # The process has ended; on PostgreSQL its session (whose lock says the owner lives)
+    # ends when the server has seen the connection go, a moment later: until then the
+    # owner cannot be told from a live one, and begin rightly answers IN_PROGRESS.
+    with anyio.fail_after(15):
+        while (await journal.inspect(identity)).owner_alive is not False:  # noqa: ASYNC110 - the store decides
+            await anyio.sleep(0.02)
     with pytest.raises(ConflictError) as raised:
         await journal.begin(identity, INPUTS, DEFINITION)
     assert raised.value.code == "REVIEW_REQUIRED"
