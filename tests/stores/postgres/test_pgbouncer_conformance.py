@@ -10,12 +10,21 @@ fixtures below give them this module's location instead of the conftest's.
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import _pg
 import pytest
-from test_concurrency import *  # noqa: F403
-from test_journal import *  # noqa: F403
+
+# Their folder is on the path when pytest collected it first (a whole run), not when
+# only this folder is run: put it there either way.
+_JOURNAL_TESTS = str(Path(__file__).resolve().parents[2] / "journal")
+if _JOURNAL_TESTS not in sys.path:
+    sys.path.insert(0, _JOURNAL_TESTS)
+
+from test_concurrency import *  # noqa: E402, F403
+from test_journal import *  # noqa: E402, F403
 
 
 @pytest.fixture(scope="module")
