@@ -168,6 +168,17 @@ def _sync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _write_synced(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``, fsync it and close it."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class BareSaves:
     """The store's durable-save system calls and nothing else (worker-thread code)."""
 
@@ -194,13 +205,7 @@ class BareSaves:
         temp = os.path.join(directory, f"{self.prefix}{secrets.token_hex(16)}.tmp")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(temp, flags, 0o600)
-        try:
-            view = memoryview(self.data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_synced(fd, self.data)
         return temp
 
     def begin(self, index: int) -> None:
@@ -290,13 +295,7 @@ class StoreSaves:
     def _write_temp(self, dir_fd: int) -> str:
         temp = f"{self.prefix}{next(self.temps)}.tmp"
         fd = os.open(temp, _TEMP, 0o600, dir_fd=dir_fd)
-        try:
-            view = memoryview(self.data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_synced(fd, self.data)
         return temp
 
     def _save(self, index: int, create: bool) -> None:
