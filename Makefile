@@ -96,7 +96,8 @@ bench-instructions: $(BIN)/.installed
 	$(BIN)/python benchmarks/instructions.py $(BENCH_ARGS)
 
 # Where a store's CPU goes: a py-spy profile of every thread over begin + complete cycles
-# (BENCH_ARGS='--store memory|file|sqlite --concurrency 16 --cycles 20000').
+# (BENCH_ARGS='--store memory|file|sqlite --concurrency 16 --cycles 20000'), or with
+# BENCH_ARGS='--cpu' each thread's CPU per cycle.
 bench-profile: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/profile.py $(BENCH_ARGS)

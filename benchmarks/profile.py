@@ -7,10 +7,23 @@ that held the most samples, by their own time and with what they called, as a ta
 
     .venv/bin/python benchmarks/profile.py --store sqlite --concurrency 16 --cycles 4000
     .venv/bin/python benchmarks/profile.py --store memory --top 25
+    .venv/bin/python benchmarks/profile.py --store sqlite --cpu
 
 Samples of threads that wait (an idle worker thread in ``Condition.wait``, the event loop
 in ``select``) are counted apart and left out of the shares: the table shows where the
-CPU went, in Python and in the C it calls (a C call counts as its caller's own time).
+time went, in Python and in the C it calls (a C call counts as its caller's own time).
+
+How py-spy samples matters. By default this script has it read the process without
+stopping it (``--nonblocking``): a thread that waits for the GIL inside a C call then
+counts as its caller's own time. ``--pause`` stops the process for every sample, as
+py-spy does by default; on the machines of ``benchmarks/README.md`` those samples gather
+at system calls (a third of the event loop's fell on ``getpid``, 93 ns a call, inside
+``asyncio.get_running_loop``). ``--gil`` samples only the thread holding the GIL.
+
+``--cpu`` runs no sampler: it runs the workload in this process and prints each
+thread's user and system CPU per cycle (Linux ``/proc/self/task``, clock ticks of
+10 ms: over 20,000 cycles a thread's figure is good to about half a microsecond), which
+says which thread a store is bound by.
 """
 
 from __future__ import annotations
@@ -22,6 +35,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 STORES = ("memory", "file", "sqlite")
@@ -38,8 +53,9 @@ WAITING = frozenset(
 )
 
 
-def _run(store: str, cycles: int, concurrency: int) -> None:
-    """The profiled workload: ``cycles`` begin + complete cycles at ``concurrency``."""
+def _run(store: str, cycles: int, concurrency: int, *, cpu: bool = False) -> None:
+    """The profiled workload: ``cycles`` begin + complete cycles at ``concurrency``; with
+    ``cpu``, after 500 cycles of warm-up, and each thread's CPU per cycle printed."""
     import anyio
     from _common import drive_cycles, journal_cycle
 
@@ -54,11 +70,67 @@ def _run(store: str, cycles: int, concurrency: int) -> None:
         else:
             journal = await Journal.open(f"sqlite://{scratch}/j.db")
         async with journal:
-            cycle = journal_cycle(journal, store, definition_digest("profile-v1"))
+            definition = definition_digest("profile-v1")
+            cycle = journal_cycle(journal, store, definition)
+            if not cpu:
+                await drive_cycles(cycle, cycles, concurrency)
+                return
+            warm_up = journal_cycle(journal, f"{store}-warm", definition)
+            await drive_cycles(warm_up, 500, concurrency)
+            before, started, process = _thread_times(), time.perf_counter(), time.process_time()
             await drive_cycles(cycle, cycles, concurrency)
+            after, seconds = _thread_times(), time.perf_counter() - started
+            process = time.process_time() - process
+            names = {thread.native_id: thread.name for thread in threading.enumerate()}
+        print(
+            f"{store} store, asyncio c{concurrency}, {cycles:,} cycles: "
+            f"{cycles / seconds:,.0f} cycles/s, process CPU {process / cycles * 1e6:.1f} µs/cycle"
+        )
+        print(_cpu_table(before, after, names, cycles))
 
     with tempfile.TemporaryDirectory(prefix="ij-profile-", dir=os.getcwd()) as scratch:
         anyio.run(main, scratch)
+
+
+def _thread_times() -> dict[int, tuple[float, float]]:
+    """User and system CPU seconds of each thread of this process, by native thread id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    times: dict[int, tuple[float, float]] = {}
+    for entry in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{entry}/stat", encoding="ascii") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        times[int(entry)] = (int(fields[11]) / ticks, int(fields[12]) / ticks)
+    return times
+
+
+def _cpu_table(
+    before: dict[int, tuple[float, float]],
+    after: dict[int, tuple[float, float]],
+    names: dict[int | None, str],
+    cycles: int,
+) -> str:
+    """Each kind of thread's CPU per cycle (threads of one name summed)."""
+    kinds: dict[str, list[float]] = {}
+    for native_id, (user, system) in after.items():
+        user_before, system_before = before.get(native_id, (0.0, 0.0))
+        name = names.get(native_id, "ended threads")
+        if name.startswith("itemjournal writer"):
+            name = "itemjournal writer"
+        elif name == "MainThread":
+            name = "MainThread (the event loop)"
+        row = kinds.setdefault(name, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += user - user_before
+        row[2] += system - system_before
+    lines = ["| thread | threads | user µs/cycle | system µs/cycle |", "|---|---|---|---|"]
+    for name, (count, user, system) in sorted(kinds.items(), key=lambda item: -item[1][1]):
+        if user + system > 0:
+            user_us, system_us = user / cycles * 1e6, system / cycles * 1e6
+            lines.append(f"| {name} | {count:.0f} | {user_us:.1f} | {system_us:.1f} |")
+    return "\n".join(lines)
 
 
 def summarise(raw: Path, top: int) -> str:
@@ -119,10 +191,27 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--rate", type=int, default=400, help="samples per second")
+    sampling = parser.add_mutually_exclusive_group()
+    sampling.add_argument(
+        "--pause",
+        action="store_true",
+        help="stop the process for each sample, as py-spy does by default (see the README: "
+        "the samples then gather at system calls)",
+    )
+    sampling.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread that holds the GIL (the process is stopped for each sample)",
+    )
+    sampling.add_argument(
+        "--cpu",
+        action="store_true",
+        help="no sampler: each thread's user and system CPU per cycle, measured in-process",
+    )
     parser.add_argument("--run", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.run:
-        _run(args.store, args.cycles, args.concurrency)
+    if args.run or args.cpu:
+        _run(args.store, args.cycles, args.concurrency, cpu=args.cpu)
         return 0
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(py_spy):
@@ -134,6 +223,7 @@ def main() -> int:
             py_spy,
             "record",
             "--threads",
+            *(["--gil"] if args.gil else [] if args.pause else ["--nonblocking"]),
             "--format",
             "raw",
             "--rate",
@@ -154,7 +244,8 @@ def main() -> int:
         subprocess.run(command, check=True, capture_output=True)
         print(
             f"{args.store} store, asyncio c{args.concurrency}, {args.cycles:,} cycles, "
-            f"py-spy at {args.rate} Hz, every thread"
+            f"py-spy at {args.rate} Hz, every thread, "
+            f"{'GIL holder only' if args.gil else 'paused' if args.pause else 'not paused'}"
         )
         print(summarise(raw, args.top))
     return 0
