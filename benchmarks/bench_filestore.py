@@ -9,7 +9,8 @@ Three workloads run side by side in one process, on asyncio and on trio:
 ``limit``
     Every system call the file store makes for those two saves while its saves
     overlap, without any journal logic (no JSON, no state machine), one
-    ``anyio.to_thread.run_sync`` trip per save, like the store (``StoreSaves``): the
+    ``anyio.to_thread.run_sync`` trip per save in at most ``FileStore.trips_at_once``
+    threads at once, like the store (``StoreSaves``): the
     record's lock on one byte of the fan-out's ``.lock``, the read of the current
     document, then
 
@@ -77,7 +78,7 @@ from _common import (
     verdict,
 )
 
-from itemjournal import Journal, Reuse, definition_digest
+from itemjournal import FileStore, Journal, Reuse, definition_digest
 
 BACKENDS = ("asyncio", "trio")
 TICK = 0.001
@@ -404,11 +405,13 @@ def traced_calls(base: str) -> dict[str, list[tuple[object, ...]]]:
 
 
 def save_cycle(saves: BareSaves | StoreSaves) -> CycleFunction:
-    """A cycle of bare saves: ``begin`` and ``complete``, one worker-thread trip each."""
+    """A cycle of bare saves: ``begin`` and ``complete``, one worker-thread trip each, in
+    at most as many threads at once as the store uses (``FileStore.trips_at_once``)."""
+    threads = anyio.CapacityLimiter(FileStore.trips_at_once)
 
     async def cycle(index: int) -> None:
-        await anyio.to_thread.run_sync(saves.begin, index)
-        await anyio.to_thread.run_sync(saves.complete, index)
+        await anyio.to_thread.run_sync(saves.begin, index, limiter=threads)
+        await anyio.to_thread.run_sync(saves.complete, index, limiter=threads)
 
     return cycle
 

@@ -1,4 +1,5 @@
-"""``run_in_thread``: a worker trip is waited for, even through native asyncio cancels.
+"""``run_in_thread``: a worker trip is waited for, even through native asyncio cancels;
+``Trips``: a store's trips, counted, and with ``at_once`` taking turns.
 
 No test here sleeps to order events: a worker thread tells the loop it has started
 through ``anyio.from_thread`` (with the loop's token: the stores' worker threads are not
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -19,8 +20,9 @@ import anyio.lowlevel
 import anyio.to_thread
 import pytest
 
+from itemjournal import StorageFailed
 from itemjournal._stores import workers
-from itemjournal._stores.threads import run_in_thread
+from itemjournal._stores.threads import Trips, run_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -171,3 +173,144 @@ async def test_native_cancel_before_the_trip_starts_skips_it(anyio_backend: str)
         # would have run before this one.
         await run_in_thread(lambda: None)
     assert ran == []
+
+
+# ---------------------------------------------------------------------- trips taking turns
+
+
+class Gate:
+    """Calls that wait (in their worker threads) until ``open`` is called; counts how
+    many are inside at once, and the order they came in."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+        self.entered: list[int] = []
+
+    def call(self, n: int) -> int:
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            self.entered.append(n)
+        try:
+            assert self._open.wait(BOUND)
+        finally:
+            with self._lock:
+                self.inside -= 1
+        return n
+
+    def open(self) -> None:
+        self._open.set()
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Let the loop (and the worker threads) run until ``condition`` holds."""
+    with anyio.fail_after(BOUND):
+        while not condition():  # noqa: ASYNC110
+            await anyio.sleep(0.001)
+
+
+@contextmanager
+def fresh_pool() -> Iterator[workers._Pool]:
+    """A pool of its own for the ``with`` block, whose threads can be counted."""
+    before = workers._POOL
+    workers._POOL = workers._Pool()
+    try:
+        yield workers._POOL
+    finally:
+        workers._POOL = before
+
+
+async def test_trips_at_once_hold_the_others_back_on_the_loop(anyio_backend: str) -> None:
+    trips = Trips("store", at_once=2)
+    gate = Gate()
+    answers: list[int] = []
+
+    async def one(n: int) -> None:
+        answers.append(await trips.run(gate.call, n))
+
+    with fresh_pool() as pool:
+        async with anyio.create_task_group() as tg:
+            for n in range(6):
+                tg.start_soon(one, n)
+            await until(lambda: len(gate.entered) == 2)
+            await let_the_loop_run()
+            # Only two calls were handed to the pool (it had room for 40): the other four
+            # wait on the loop, where nothing of theirs has started.
+            assert pool.threads == 2 and not pool.queue
+            assert len(gate.entered) == 2
+            gate.open()
+    assert gate.most == 2
+    assert sorted(answers) == list(range(6))
+
+
+async def test_trips_take_their_turns_in_the_order_they_came(anyio_backend: str) -> None:
+    trips = Trips("store", at_once=1)
+    gate = Gate()
+
+    async with anyio.create_task_group() as tg:
+        for n in range(5):
+            tg.start_soon(trips.run, gate.call, n)
+            await until(lambda n=n: trips._in_flight == n + 1)  # n waits, or runs (0)
+        gate.open()
+    assert gate.entered == list(range(5))
+
+
+async def test_a_call_cancelled_while_it_waits_its_turn_ends_at_once_and_never_runs(
+    anyio_backend: str,
+) -> None:
+    trips = Trips("store", at_once=1)
+    gate = Gate()
+    ran: list[str] = []
+    ended = anyio.Event()
+    scope = anyio.CancelScope()
+
+    async def waiting() -> None:
+        with scope:
+            await trips.run(ran.append, "late")
+        ended.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(trips.run, gate.call, 0)
+        await until(lambda: gate.entered == [0])
+        tg.start_soon(waiting)
+        await until(lambda: trips._in_flight == 2)
+        scope.cancel()
+        with anyio.fail_after(BOUND):
+            await ended.wait()  # while the first call still holds the only turn
+        assert gate.inside == 1
+        gate.open()
+    assert ran == []
+    assert await trips.run(ran.append, "after") is None  # its turn was not kept
+    assert ran == ["after"]
+
+
+async def test_a_turn_that_comes_after_close_began_is_refused(anyio_backend: str) -> None:
+    trips = Trips("store", at_once=1)
+    gate = Gate()
+    ran: list[str] = []
+    refused: list[BaseException] = []
+
+    async def waiting() -> None:
+        try:
+            await trips.run(ran.append, "late")
+        except StorageFailed as error:
+            refused.append(error)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(trips.run, gate.call, 0)
+        await until(lambda: gate.entered == [0])
+        tg.start_soon(waiting)
+        await until(lambda: trips._in_flight == 2)
+        tg.start_soon(trips.close)
+        await until(lambda: trips.closed)
+        gate.open()
+    assert ran == []
+    assert len(refused) == 1 and "closed" in str(refused[0])
+
+
+def test_trips_at_once_must_allow_one() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Trips("store", at_once=0)

@@ -109,15 +109,24 @@ class Trips:
     call is one, a refused call too). ``close`` returns only after every trip under way has
     ended; its wait is shielded, and a native cancellation that arrives meanwhile is
     raised once the trips are done.
+
+    With ``at_once``, at most that many of the trips are in worker threads at once; the
+    others wait their turn on the event loop, in the order they came. A caller cancelled
+    while it waits has started nothing and ends at once; one whose turn comes after
+    ``close`` began is refused.
     """
 
-    __slots__ = ("_idle", "_in_flight", "_owner", "closed")
+    __slots__ = ("_at_once", "_idle", "_in_flight", "_owner", "_turns", "closed")
 
-    def __init__(self, owner: object) -> None:
+    def __init__(self, owner: object, *, at_once: int | None = None) -> None:
+        if at_once is not None and at_once < 1:
+            raise ValueError(f"at least one trip must be allowed at once, not {at_once}")
         self._owner = owner  # named in the "closed" error
         self.closed = False
         self._in_flight = 0
         self._idle: anyio.Event | None = None  # set when the last trip ends after close
+        self._at_once = at_once
+        self._turns: anyio.Semaphore | None = None  # made on the event loop, when first used
 
     def check_open(self) -> None:
         if self.closed:
@@ -134,7 +143,15 @@ class Trips:
             self.check_open()
         self._in_flight += 1
         try:
-            return await run_in_thread(function, *args, on_cancel=on_cancel)
+            if self._at_once is None:
+                return await run_in_thread(function, *args, on_cancel=on_cancel)
+            turns = self._turns
+            if turns is None:
+                # No checkpoint when a turn is free: run_in_thread makes one at once.
+                turns = self._turns = anyio.Semaphore(self._at_once, fast_acquire=True)
+            async with turns:
+                self.check_open()
+                return await run_in_thread(function, *args, on_cancel=on_cancel)
         finally:
             self._in_flight -= 1
             if not self._in_flight and self._idle is not None:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
 import pytest
 
 from itemjournal import (
@@ -21,6 +24,7 @@ from itemjournal import (
     definition_digest,
 )
 from itemjournal._model.records import Record
+from itemjournal._stores import workers
 from itemjournal._stores.seam import Step
 
 pytestmark = pytest.mark.anyio
@@ -327,3 +331,71 @@ async def test_a_status_scan(root: Path) -> None:
     started = [r async for r in store.scan(status="started")]
     assert [r.identity for r in started if isinstance(r, Record)] == [OTHER]
     assert len(started) == 1
+
+
+class HeldFsync(FileSystem):
+    """Every fsync waits until ``release``; counts how many are waiting at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+
+    def fsync(self, fd: int) -> None:
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            assert self.release.wait(10), "the test never released the fsyncs"
+        finally:
+            with self._lock:
+                self.inside -= 1
+        super().fsync(fd)
+
+
+class TwoAtOnce(FileStore):
+    trips_at_once = 2
+
+
+async def test_the_store_runs_trips_at_once_saves_in_threads_and_queues_the_rest(
+    root: Path,
+) -> None:
+    fs = HeldFsync()
+    store = TwoAtOnce(str(root), fs=fs)
+    await store.open()
+    journal = Journal(store)
+    items = [Identity("fs", "store", "turns", f"item-{n}") for n in range(6)]
+    claims: list[object] = []
+
+    async def begin(identity: Identity) -> None:
+        claims.append(await journal.begin(identity, INPUTS, DEFINITION))
+
+    before, workers._POOL = workers._POOL, workers._Pool()  # threads of its own, counted
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for identity in items:
+                    tg.start_soon(begin, identity)
+                while fs.inside < 2:  # noqa: ASYNC110 - worker threads set no event
+                    await anyio.sleep(0.001)
+                for _ in range(50):
+                    await anyio.lowlevel.checkpoint()
+                assert store._trips._in_flight == 6  # all six asked
+                # Two saves were handed to threads (the pool had room for 40); the other
+                # four wait their turn on the loop.
+                assert workers._POOL.threads == 2 and not workers._POOL.queue
+                assert fs.inside == 2
+                fs.release.set()
+    finally:
+        fs.release.set()
+        workers._POOL = before
+    assert fs.most == 2
+    assert len(claims) == 6 and all(isinstance(claim, Claim) for claim in claims)
+    await store.aclose()
+
+
+def test_trips_at_once_is_eight_by_default(root: Path) -> None:
+    assert FileStore.trips_at_once == 8
+    assert FileStore(str(root))._trips._at_once == 8

@@ -104,8 +104,9 @@ async def open_journal(root: Path) -> tuple[FileStore, Journal]:
 
 
 async def test_descriptors_are_kept_while_saves_overlap_and_closed_after(
-    anyio_backend: str, root: Path
+    anyio_backend: str, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(FileStore, "trips_at_once", 32)  # all 20 saves held at once, and one more
     before = await in_thread(open_descriptors)
     store, journal = await open_journal(root)
     held = [Identity("speed", "fd", "job", f"i{n}") for n in range(20)]  # many fan-outs

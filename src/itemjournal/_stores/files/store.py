@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio.lowlevel
 
@@ -72,7 +72,19 @@ class FileStore(ProcessOwners):
     are owned by this user and not writable by group or others. Only use it when every
     user who can write there is trusted: such a user can move a record aside (a rerun
     then claims the work again) or plant one (a rerun reuses a forged receipt).
+
+    ``trips_at_once``: how many of the store's worker-thread trips (a save, a read, a page
+    of a scan) run at once; the others wait their turn on the event loop, in the order
+    they came (a call cancelled meanwhile has written nothing and ends at once). A save
+    is mostly system calls with a little Python between them, and more threads doing
+    that pass the GIL around more than they save, while the event loop waits its turn
+    for it: at 16 tasks on 2 CPUs, 8 at once made as many cycles per second as 40 with
+    half the event-loop lag (``benchmarks/README.md``). A disk whose fsync takes
+    milliseconds may want more: set it on the class, or a subclass, before the store is
+    made.
     """
+
+    trips_at_once: ClassVar[int] = 8
 
     def __init__(
         self,
@@ -106,7 +118,7 @@ class FileStore(ProcessOwners):
         # Worker trips under way; closing waits for them. Trips names the store by a
         # stand-in, not the store itself: without that cycle a store nobody holds is
         # freed at once, and its kept descriptors closed with it (see ``_fanouts``).
-        self._trips = Trips(_Named(repr(self)))
+        self._trips = Trips(_Named(repr(self)), at_once=self.trips_at_once)
 
     @classmethod
     def from_location(
