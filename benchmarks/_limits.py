@@ -31,7 +31,7 @@ import anyio.to_thread
 from _common import Env, Sample, measure, run_directory
 from _stores import PG_POOL_SIZE
 from bench_filestore import BareSaves, StoreSaves, save_cycle
-from bench_postgres import Bare, _create_bare_table, _drop
+from bench_postgres import Bare, _create_bare_table, _drop, bare_cycle
 from bench_postgres import Settings as PostgresSettings
 
 from itemjournal import Claim, Identity, Journal, definition_digest, identity_digest
@@ -255,15 +255,7 @@ async def run_postgres_limit(env: Env, cycles: int, concurrency: int) -> Sample:
         bare = Bare(settings)
         await anyio.to_thread.run_sync(bare.open)
         try:
-            run = secrets.token_hex(4)
-
-            async def cycle(index: int) -> None:
-                identity = ("bench", f"bare-{run}", "cycle", f"i{index}")
-                digest, claim_id = await anyio.to_thread.run_sync(bare.begin, identity)
-                await anyio.to_thread.run_sync(
-                    bare.complete, identity, digest, claim_id, f"receipt-{index}"
-                )
-
+            cycle = bare_cycle(bare, secrets.token_hex(4), PG_POOL_SIZE)
             sample = await measure(cycle, cycles, concurrency, commits=lambda: bare.commits)
         finally:
             await anyio.to_thread.run_sync(bare.close)

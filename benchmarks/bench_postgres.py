@@ -11,8 +11,9 @@ measured as begin + complete cycles per second, every cycle on a new identity:
 ``bare``
     The same SQL and nothing else, on a ``psycopg_pool.ConnectionPool`` of the same size,
     driven the same way (one ``anyio.to_thread.run_sync`` trip per operation, holding one
-    pooled connection), on a table of the same shape (digest, status, claim id, document
-    as ``bytea``) with documents of the size of a journal record:
+    pooled connection, at most N trips at once), on a table of the same shape (digest,
+    status, claim id, document as ``bytea``) with documents of the size of a journal
+    record:
 
     * begin: ``SELECT status, document … FOR UPDATE`` → ``INSERT … ON CONFLICT DO
       NOTHING`` (a started document of about 700 B) → ``COMMIT``;
@@ -58,6 +59,7 @@ import anyio.to_thread
 import psycopg
 import psycopg_pool
 from _common import (
+    CycleFunction,
     Sample,
     at_least,
     by_round,
@@ -272,20 +274,28 @@ class Bare:
         self.commits += 1
 
 
+def bare_cycle(bare: Bare, run: str, pool_size: int) -> CycleFunction:
+    """A cycle of the bare SQL: one worker-thread trip per operation, at most
+    ``pool_size`` trips at once, as the store makes them (one per pooled connection)."""
+    threads = anyio.CapacityLimiter(pool_size)
+
+    async def cycle(index: int) -> None:
+        identity = ("bench", f"bare-{run}", "cycle", f"i{index}")
+        digest, claim_id = await anyio.to_thread.run_sync(bare.begin, identity, limiter=threads)
+        await anyio.to_thread.run_sync(
+            bare.complete, identity, digest, claim_id, f"receipt-{index}", limiter=threads
+        )
+
+    return cycle
+
+
 async def run_bare(settings: Settings, run: str, cycles: int, concurrency: int) -> Sample:
     """begin + complete as the bare SQL on a pool of the same size."""
     await anyio.to_thread.run_sync(_empty, settings)
     bare = Bare(settings)
     await anyio.to_thread.run_sync(bare.open)
     try:
-
-        async def cycle(index: int) -> None:
-            identity = ("bench", f"bare-{run}", "cycle", f"i{index}")
-            digest, claim_id = await anyio.to_thread.run_sync(bare.begin, identity)
-            await anyio.to_thread.run_sync(
-                bare.complete, identity, digest, claim_id, f"receipt-{index}"
-            )
-
+        cycle = bare_cycle(bare, run, settings.pool_size)
         before = bare.commits
         seconds = await drive_cycles(cycle, cycles, concurrency)
         commits = bare.commits - before

@@ -1,17 +1,24 @@
 """The PostgreSQL store's pool: idle connections the server dropped are replaced, never
-reported as failures of the call that happened to draw them."""
+reported as failures of the call that happened to draw them; calls beyond the pool wait
+their turn on the event loop."""
 
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Iterator
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 from conftest import postgres_schema
 
-from itemjournal import Claim, Journal, definition_digest
+from itemjournal import Claim, Identity, Journal, definition_digest
+from itemjournal._model.records import Record
+from itemjournal._stores import workers
+from itemjournal._stores.postgres.store import PostgresStore
+from itemjournal._stores.seam import Step
 
 pytestmark = pytest.mark.anyio
 
@@ -75,3 +82,46 @@ async def test_a_dropped_idle_connection_is_replaced(
             assert [view.owner_alive for view in views] == [True]
         else:  # the setting read when a journal opens goes through the same pool
             await journal.store.setting("input_kind", journal.input_kind)
+
+
+async def test_calls_beyond_the_pool_wait_their_turn_on_the_event_loop(
+    named_location: tuple[str, str],
+) -> None:
+    """Two pooled connections: two calls at a time in worker threads, the others waiting
+    on the event loop (not in threads, for a connection)."""
+    location, _ = named_location
+    release = threading.Event()
+    lock = threading.Lock()
+    inside = [0, 0]  # now, most
+
+    def step(current: Record | None) -> Step[None]:
+        with lock:
+            inside[0] += 1
+            inside[1] = max(inside)
+        try:
+            assert release.wait(10), "the test never released the steps"
+        finally:
+            with lock:
+                inside[0] -= 1
+        return Step(None, None)
+
+    async with await Journal.open(location) as journal:
+        store = journal.store
+        assert isinstance(store, PostgresStore)
+        before, workers._POOL = workers._POOL, workers._Pool()  # threads of its own, counted
+        try:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for n in range(5):
+                        tg.start_soon(store.apply, Identity("pool", "turns", "job", f"i{n}"), step)
+                    while inside[0] < 2:  # noqa: ASYNC110 - worker threads set no event
+                        await anyio.sleep(0.001)
+                    for _ in range(50):
+                        await anyio.lowlevel.checkpoint()
+                    assert store._trips._in_flight == 5
+                    assert workers._POOL.threads == 2 and not workers._POOL.queue
+                    release.set()
+        finally:
+            release.set()
+            workers._POOL = before
+    assert inside == [0, 2]
