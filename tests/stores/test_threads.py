@@ -10,6 +10,7 @@ number of rounds, not after some wall-clock time.
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -314,3 +315,23 @@ async def test_a_turn_that_comes_after_close_began_is_refused(anyio_backend: str
 def test_trips_at_once_must_allow_one() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Trips("store", at_once=0)
+
+
+async def test_a_turn_that_does_not_come_within_the_timeout_fails_and_never_runs(
+    anyio_backend: str,
+) -> None:
+    trips = Trips("store", at_once=1, turn_timeout=0.05)
+    gate = Gate()
+    ran: list[str] = []
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(trips.run, gate.call, 0)
+        await until(lambda: gate.entered == [0])
+        with pytest.raises(StorageFailed) as caught:
+            await trips.run(ran.append, "late")
+        gate.open()
+    assert caught.value.errno == errno.ETIMEDOUT
+    assert "never started" in str(caught.value)
+    assert ran == []
+    assert await trips.run(ran.append, "after") is None  # the turns are all free again
+    assert ran == ["after"]

@@ -11,6 +11,7 @@ that waits for it unseen.
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar, TypeVarTuple, Unpack
@@ -111,14 +112,25 @@ class Trips:
     raised once the trips are done.
 
     With ``at_once``, at most that many of the trips are in worker threads at once; the
-    others wait their turn on the event loop, in the order they came. A caller cancelled
-    while it waits has started nothing and ends at once; one whose turn comes after
-    ``close`` began is refused.
+    others wait their turn on the event loop, in the order they came, for at most
+    ``turn_timeout`` seconds (then ``STORAGE_FAILED``, ``ETIMEDOUT``: nothing started). A
+    caller cancelled while it waits has started nothing and ends at once; one whose turn
+    comes after ``close`` began is refused.
     """
 
-    __slots__ = ("_at_once", "_idle", "_in_flight", "_owner", "_turns", "closed")
+    __slots__ = (
+        "_at_once",
+        "_idle",
+        "_in_flight",
+        "_owner",
+        "_turn_timeout",
+        "_turns",
+        "closed",
+    )
 
-    def __init__(self, owner: object, *, at_once: int | None = None) -> None:
+    def __init__(
+        self, owner: object, *, at_once: int | None = None, turn_timeout: float | None = None
+    ) -> None:
         if at_once is not None and at_once < 1:
             raise ValueError(f"at least one trip must be allowed at once, not {at_once}")
         self._owner = owner  # named in the "closed" error
@@ -126,6 +138,7 @@ class Trips:
         self._in_flight = 0
         self._idle: anyio.Event | None = None  # set when the last trip ends after close
         self._at_once = at_once
+        self._turn_timeout = turn_timeout
         self._turns: anyio.Semaphore | None = None  # made on the event loop, when first used
 
     def check_open(self) -> None:
@@ -147,15 +160,36 @@ class Trips:
                 return await run_in_thread(function, *args, on_cancel=on_cancel)
             turns = self._turns
             if turns is None:
-                # No checkpoint when a turn is free: run_in_thread makes one at once.
-                turns = self._turns = anyio.Semaphore(self._at_once, fast_acquire=True)
-            async with turns:
+                turns = self._turns = anyio.Semaphore(self._at_once)
+            try:
+                turns.acquire_nowait()  # no checkpoint: run_in_thread makes one at once
+            except anyio.WouldBlock:
+                await self._wait_turn(turns)
+            try:
                 self.check_open()
                 return await run_in_thread(function, *args, on_cancel=on_cancel)
+            finally:
+                turns.release()
         finally:
             self._in_flight -= 1
             if not self._in_flight and self._idle is not None:
                 self._idle.set()
+
+    async def _wait_turn(self, turns: anyio.Semaphore) -> None:
+        """Wait for a free turn, at most ``turn_timeout`` seconds. (A turn handed to a
+        caller cancelled meanwhile goes on to the next one: anyio's semaphores do so.)"""
+        if self._turn_timeout is None:
+            await turns.acquire()
+            return
+        with anyio.move_on_after(self._turn_timeout) as waiting:
+            await turns.acquire()
+        if waiting.cancelled_caught:
+            raise StorageFailed(
+                f"{self._owner!r} had {self._at_once} calls under way for "
+                f"{self._turn_timeout:g} s, and this one never started, so nothing was "
+                f"written",
+                errno=errno.ETIMEDOUT,
+            )
 
     async def close(self) -> None:
         self.closed = True

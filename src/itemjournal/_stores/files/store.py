@@ -118,7 +118,9 @@ class FileStore(ProcessOwners):
         # Worker trips under way; closing waits for them. Trips names the store by a
         # stand-in, not the store itself: without that cycle a store nobody holds is
         # freed at once, and its kept descriptors closed with it (see ``_fanouts``).
-        self._trips = Trips(_Named(repr(self)), at_once=self.trips_at_once)
+        self._trips = Trips(
+            _Named(repr(self)), at_once=self.trips_at_once, turn_timeout=lock_timeout
+        )
 
     @classmethod
     def from_location(

@@ -86,7 +86,7 @@ class PostgresStore:
         # As many trips at once as there are pooled connections: a trip that had to wait
         # for a connection would wait in a worker thread, and threads waiting in the pool
         # cost the process a quarter of its CPU per cycle at 16 tasks (benchmarks/README.md).
-        self._trips = Trips(self, at_once=self.pool_size)
+        self._trips = Trips(self, at_once=self.pool_size, turn_timeout=lock_timeout)
         self._connections = Connections(where, lock_timeout, self._trips, repr(self))
         self._owner_lock = OwnerLock(where, lock_timeout)
         self._commits = Commits(self._connections, where, tables, lock_timeout)
