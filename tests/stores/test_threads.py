@@ -335,3 +335,61 @@ async def test_a_turn_that_does_not_come_within_the_timeout_fails_and_never_runs
     assert ran == []
     assert await trips.run(ran.append, "after") is None  # the turns are all free again
     assert ran == ["after"]
+
+
+def test_trips_take_turns_on_one_event_loop_after_another() -> None:
+    """A store outlives an event loop (a test, a command run after another): its turns
+    belong to no loop, and work under asyncio and then trio."""
+    trips = Trips("store", at_once=1)
+    answers: list[int] = []
+
+    async def contended() -> None:
+        gate = Gate()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(trips.run, gate.call, 0)
+            await until(lambda: gate.entered == [0])
+
+            async def second() -> None:
+                answers.append(await trips.run(lambda: 1))
+
+            tg.start_soon(second)
+            await until(lambda: trips._in_flight == 2)  # the second waits its turn
+            gate.open()
+
+    anyio.run(contended, backend="asyncio")
+    anyio.run(contended, backend="trio")
+    assert answers == [1, 1]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_turn_handed_to_a_caller_cancelled_before_it_woke_goes_to_the_next(
+    anyio_backend: str,
+) -> None:
+    """A native cancel (``task.cancel()``) landing after the turn was handed over, before
+    the task woke up to take it. (An anyio cancel then comes at the trip's checkpoint,
+    which gives the turn back too.)"""
+    trips = Trips("store", at_once=1)
+    gate = Gate()
+    ran: list[str] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def first() -> None:
+        await trips.run(gate.call, 0)  # gives its turn to the second caller...
+        tasks[0].cancel()  # ...cancelled before it could wake up and take it
+
+    async def waiting() -> None:
+        await trips.run(ran.append, "second")
+
+    with anyio.fail_after(BOUND):  # a turn lost with the cancelled task: the third waits
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            await until(lambda: gate.entered == [0])
+            tasks.append(asyncio.ensure_future(waiting()))
+            await until(lambda: trips._in_flight == 2)
+            tg.start_soon(trips.run, ran.append, "third")
+            await until(lambda: trips._in_flight == 3)
+            gate.open()
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[0]
+    assert ran == ["third"]
+    assert trips._turns is not None and trips._turns.free == 1 and not trips._turns.waiting

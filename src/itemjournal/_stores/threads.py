@@ -11,6 +11,7 @@ that waits for it unseen.
 
 from __future__ import annotations
 
+import collections
 import errno
 import threading
 from collections.abc import Callable
@@ -139,7 +140,7 @@ class Trips:
         self._idle: anyio.Event | None = None  # set when the last trip ends after close
         self._at_once = at_once
         self._turn_timeout = turn_timeout
-        self._turns: anyio.Semaphore | None = None  # made on the event loop, when first used
+        self._turns = None if at_once is None else _Turns(at_once)
 
     def check_open(self) -> None:
         if self.closed:
@@ -156,33 +157,28 @@ class Trips:
             self.check_open()
         self._in_flight += 1
         try:
-            if self._at_once is None:
-                return await run_in_thread(function, *args, on_cancel=on_cancel)
             turns = self._turns
             if turns is None:
-                turns = self._turns = anyio.Semaphore(self._at_once)
-            try:
-                turns.acquire_nowait()  # no checkpoint: run_in_thread makes one at once
-            except anyio.WouldBlock:
+                return await run_in_thread(function, *args, on_cancel=on_cancel)
+            if not turns.take_now():  # no checkpoint: run_in_thread makes one at once
                 await self._wait_turn(turns)
             try:
                 self.check_open()
                 return await run_in_thread(function, *args, on_cancel=on_cancel)
             finally:
-                turns.release()
+                turns.give()
         finally:
             self._in_flight -= 1
             if not self._in_flight and self._idle is not None:
                 self._idle.set()
 
-    async def _wait_turn(self, turns: anyio.Semaphore) -> None:
-        """Wait for a free turn, at most ``turn_timeout`` seconds. (A turn handed to a
-        caller cancelled meanwhile goes on to the next one: anyio's semaphores do so.)"""
+    async def _wait_turn(self, turns: _Turns) -> None:
+        """Wait for a free turn, at most ``turn_timeout`` seconds."""
         if self._turn_timeout is None:
-            await turns.acquire()
+            await turns.take()
             return
         with anyio.move_on_after(self._turn_timeout) as waiting:
-            await turns.acquire()
+            await turns.take()
         if waiting.cancelled_caught:
             raise StorageFailed(
                 f"{self._owner!r} had {self._at_once} calls under way for "
@@ -208,3 +204,46 @@ class Trips:
                     cancelled = error
         if cancelled is not None:
             raise cancelled
+
+
+class _Turns:
+    """``limit`` turns, each handed on to the longest waiter when it is given back.
+
+    Not anyio's ``Semaphore``: that is made for the event loop of one backend, and a store
+    may outlive its loop (a test, a command run after another, trio after asyncio). Only
+    the event a caller waits on belongs to a loop, the caller's own, made as it waits.
+    """
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.free = limit
+        self.waiting: collections.deque[anyio.Event] = collections.deque()
+
+    def take_now(self) -> bool:
+        """Take a free turn if there is one (then nobody waits: a turn given back goes to
+        a waiter before it is free)."""
+        if self.free:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """Wait for a turn, handed over in the order the callers came."""
+        handed = anyio.Event()
+        self.waiting.append(handed)
+        try:
+            await handed.wait()
+        except BaseException:
+            if handed.is_set():  # handed a turn as the cancel came: it goes on to the next
+                self.give()
+            else:
+                self.waiting.remove(handed)
+            raise
+
+    def give(self) -> None:
+        """Give a turn back: to the longest waiter, or free."""
+        if self.waiting:
+            self.waiting.popleft().set()
+        else:
+            self.free += 1
