@@ -49,12 +49,14 @@ def ident(item: str) -> Identity:
 
 
 class SlowFS(FileSystem):
-    """``fsync`` of a temp file takes ``delay`` seconds; records how many threads overlap.
+    """``fsync`` of a temp file takes ``delay`` seconds, and so does closing the fan-out
+    directory after a save; records how many threads overlap.
 
     ``inside``/``max_inside`` count threads inside ``fsync`` at once. Per identity,
     ``saving``/``max_saving`` count threads inside one save of that identity's record:
-    from the temp file's ``fsync`` (the identity is read from the bytes written) to
-    the end of the directory sync that acknowledges the save.
+    from the temp file's ``fsync`` (the identity is read from the bytes written) to the
+    save's last call on its directory (closing it, after the directory sync that
+    acknowledges the save).
     """
 
     def __init__(self, delay: float) -> None:
@@ -114,6 +116,8 @@ class SlowFS(FileSystem):
 
     def close_dir(self, fd: int) -> None:
         try:
+            if getattr(self._local, "saving", None) is not None:
+                time.sleep(self.delay)  # the save's last call on its directory, slow too
             super().close_dir(fd)
         finally:
             self._end_save()

@@ -84,33 +84,35 @@ def record_setting(saves: DurableSaves, location: str, name: str, value: str) ->
         root_fd = fs.open_dir(location)
     except OSError as error:
         raise fail(f"cannot open {location}", error) from error
+    lock_fd: int | None = None
     try:
         lock_fd = open_lock_file(root_fd, location)
-        try:
-            if not try_lock_whole(lock_fd, location):
-                return BUSY
-            for _ in range(8):
-                data = read_document(
-                    root_fd, SETTINGS_NAME, path, MAX_SETTINGS_BYTES, "settings document"
-                )
-                settings = {} if data is None else decode_settings(data, path)
-                if name in settings:
-                    # A writer may have died between its link and its directory sync:
-                    # make what this answer rests on durable before giving it.
-                    try:
-                        fs.fsync_dir(root_fd)
-                    except OSError as error:
-                        raise fail(f"cannot sync {location}", error) from error
-                    return settings[name]
-                encoded = encode_settings({**settings, name: value})
-                save = saves.create if data is None else saves.replace
+        if not try_lock_whole(lock_fd, location):
+            return BUSY
+        for _ in range(8):
+            data = read_document(
+                root_fd, SETTINGS_NAME, path, MAX_SETTINGS_BYTES, "settings document"
+            )
+            settings = {} if data is None else decode_settings(data, path)
+            if name in settings:
+                # A writer may have died between its link and its directory sync:
+                # make what this answer rests on durable before giving it.
                 try:
-                    save(root_fd, location, SETTINGS_NAME, encoded, "settings document")
-                except LostRace:
-                    continue
-                return value
-            raise StorageFailed(f"{path} kept changing under the lock", errno=errno.EAGAIN)
-        finally:
-            os.close(lock_fd)  # also releases the lock
+                    fs.fsync_dir(root_fd)
+                except OSError as error:
+                    raise fail(f"cannot sync {location}", error) from error
+                return settings[name]
+            encoded = encode_settings({**settings, name: value})
+            save = saves.create if data is None else saves.replace
+            try:
+                save(root_fd, location, SETTINGS_NAME, encoded, "settings document")
+            except LostRace:
+                continue
+            return value
+        raise StorageFailed(f"{path} kept changing under the lock", errno=errno.EAGAIN)
     finally:
+        # The root first: every call of the save, up to its last on the directory, is
+        # made under the settings lock, which closing its file then releases.
         quietly(fs.close_dir, root_fd)
+        if lock_fd is not None:
+            os.close(lock_fd)

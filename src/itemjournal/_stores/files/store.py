@@ -320,18 +320,20 @@ class FileStore(ProcessOwners):
             return self._apply_cached(identity, step, digest, directory)
         fs = self.fs
         dir_fd, _ = self._open_fanout_for_writing(digest[:2], directory)
+        lock_fd: int | None = None
         try:
             lock_fd = open_lock_file(dir_fd, directory)
-            try:
-                if not self._try_lock(lock_fd, digest, directory):
-                    return BUSY
-                return DurableSaves(fs, self._temps.new).save_step(
-                    identity, step, dir_fd, directory, digest
-                )
-            finally:
-                os.close(lock_fd)  # also releases the lock
+            if not self._try_lock(lock_fd, digest, directory):
+                return BUSY
+            return DurableSaves(fs, self._temps.new).save_step(
+                identity, step, dir_fd, directory, digest
+            )
         finally:
+            # The directory first: the save's every call, up to its last on the fan-out,
+            # is made under the record's lock, which closing its file then releases.
             quietly(fs.close_dir, dir_fd)
+            if lock_fd is not None:
+                os.close(lock_fd)
 
     def _apply_cached(
         self, identity: Identity, step: StepFunction[T], digest: str, directory: str
