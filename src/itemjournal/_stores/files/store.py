@@ -118,9 +118,10 @@ class FileStore(ProcessOwners):
         # Worker trips under way; closing waits for them. Trips names the store by a
         # stand-in, not the store itself: without that cycle a store nobody holds is
         # freed at once, and its kept descriptors closed with it (see ``_fanouts``).
-        self._trips = Trips(
-            _Named(repr(self)), at_once=self.trips_at_once, turn_timeout=lock_timeout
-        )
+        # No timeout for a turn: the trips ahead wait for nothing but the disk (a record
+        # lock held elsewhere is a cancellable sleep on the event loop, not in a trip),
+        # and a timer per waiting call cost the loop a tenth of the store's rate.
+        self._trips = Trips(_Named(repr(self)), at_once=self.trips_at_once)
 
     @classmethod
     def from_location(
