@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -278,9 +279,11 @@ async def test_a_call_cancelled_while_it_waits_its_turn_ends_at_once_and_never_r
         await until(lambda: gate.entered == [0])
         tg.start_soon(waiting)
         await until(lambda: trips._in_flight == 2)
+        cancelled_at = time.monotonic()
         scope.cancel()
         with anyio.fail_after(BOUND):
             await ended.wait()  # while the first call still holds the only turn
+        assert time.monotonic() - cancelled_at < 1.0  # at once, not when a turn came
         assert gate.inside == 1
         gate.open()
     assert ran == []
@@ -327,9 +330,12 @@ async def test_a_turn_that_does_not_come_within_the_timeout_fails_and_never_runs
     async with anyio.create_task_group() as tg:
         tg.start_soon(trips.run, gate.call, 0)
         await until(lambda: gate.entered == [0])
+        asked_at = time.monotonic()
         with pytest.raises(StorageFailed) as caught:
             await trips.run(ran.append, "late")
+        waited = time.monotonic() - asked_at
         gate.open()
+    assert 0.05 <= waited < 1.0  # the timeout, not sooner, and not much later
     assert caught.value.errno == errno.ETIMEDOUT
     assert "never started" in str(caught.value)
     assert ran == []

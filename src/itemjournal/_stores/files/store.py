@@ -78,8 +78,8 @@ class FileStore(ProcessOwners):
     they came (a call cancelled meanwhile has written nothing and ends at once). A save
     is mostly system calls with a little Python between them, and more threads doing
     that pass the GIL around more than they save, while the event loop waits its turn
-    for it: at 16 tasks on 2 CPUs, 8 at once made as many cycles per second as 40 with
-    half the event-loop lag (``benchmarks/README.md``). A disk whose fsync takes
+    for it: at 16 tasks on 2 CPUs, 8 at once made about as many cycles per second as 40
+    with half the event-loop lag (``benchmarks/README.md``). A disk whose fsync takes
     milliseconds may want more: set it on the class, or a subclass, before the store is
     made.
     """
