@@ -13,6 +13,15 @@
     store's own schema (copied from a database the store created).
 ``postgres``
     The same SQL on a pool of the same size (``bench_postgres.Bare``).
+
+Each ``… ceiling`` is its limit with the journal's own work added to every cycle: a
+``begin`` and a ``complete`` over ``MemoryStore`` (no I/O), then the limit's cycle (for
+SQLite, whose limit runs in one thread with no event loop, the limit's thread and as
+many journal cycles on the event loop, at the same time). No store
+can beat it: it is what the store would make if its only cost beyond the limit's were the
+journal's work, with nothing at all spent handing that work between the event loop and
+the threads. Its rate over the limit's is therefore the highest ratio a store can reach in
+this process, GIL and all.
 """
 
 from __future__ import annotations
@@ -28,27 +37,62 @@ import time
 from dataclasses import dataclass
 
 import anyio.to_thread
-from _common import Env, Sample, measure, run_directory
+from _common import (
+    CycleFunction,
+    Env,
+    Sample,
+    drive_cycles,
+    journal_cycle,
+    measure,
+    run_directory,
+)
 from _stores import PG_POOL_SIZE
 from bench_filestore import BareSaves, StoreSaves, save_cycle
 from bench_postgres import Bare, _create_bare_table, _drop, bare_cycle
 from bench_postgres import Settings as PostgresSettings
 
 from itemjournal import Claim, Identity, Journal, definition_digest, identity_digest
-from itemjournal.testing import stored_record
+from itemjournal.testing import MemoryStore, stored_record
 
 PAYLOAD = 1024  # bytes per bare file save; a journal record is about 750-900 B
+
+# ---------------------------------------------------------------------- ceilings
+
+
+def with_journal(limit: CycleFunction, journal: Journal) -> CycleFunction:
+    """``limit``'s cycle after a ``begin`` and a ``complete`` of ``journal`` (over a
+    ``MemoryStore``): the journal's own work and the limit's, with nothing between them."""
+    journal_part = journal_cycle(journal, "ceiling", definition_digest("bench-ceiling-v1"))
+
+    async def cycle(index: int) -> None:
+        await journal_part(index)
+        await limit(index)
+
+    return cycle
+
 
 # ---------------------------------------------------------------------- file
 
 
-async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+async def _file_limit(env: Env, cycles: int, concurrency: int, *, ceiling: bool) -> Sample:
     async with run_directory(env.base, "limit-") as root:
         saves = StoreSaves(root, PAYLOAD)
         try:
-            return await measure(save_cycle(saves), cycles, concurrency)
+            if not ceiling:
+                return await measure(save_cycle(saves), cycles, concurrency)
+            async with Journal(MemoryStore()) as journal:
+                cycle = with_journal(save_cycle(saves), journal)
+                return await measure(cycle, cycles, concurrency)
         finally:
             saves.close()
+
+
+async def run_file_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    return await _file_limit(env, cycles, concurrency, ceiling=False)
+
+
+async def run_file_ceiling(env: Env, cycles: int, concurrency: int) -> Sample:
+    return await _file_limit(env, cycles, concurrency, ceiling=True)
 
 
 async def run_file_saves(env: Env, cycles: int, concurrency: int) -> Sample:
@@ -205,6 +249,17 @@ class SqliteLimit:
 
 
 async def run_sqlite_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    return await _sqlite_limit(env, cycles, concurrency, ceiling=False)
+
+
+async def run_sqlite_ceiling(env: Env, cycles: int, concurrency: int) -> Sample:
+    """The SQLite limit in its thread while the event loop runs as many cycles of the
+    journal over ``MemoryStore`` at ``concurrency``: both kinds of work done in one
+    process, with no hand-off between them; the time until both are done."""
+    return await _sqlite_limit(env, cycles, concurrency, ceiling=True)
+
+
+async def _sqlite_limit(env: Env, cycles: int, concurrency: int, *, ceiling: bool) -> Sample:
     batch = env.notes.get(f"sqlite-batch-{concurrency}")
     if not isinstance(batch, float):
         raise TypeError("the SQLite limit runs after the SQLite store at the same concurrency")
@@ -218,12 +273,26 @@ async def run_sqlite_limit(env: Env, cycles: int, concurrency: int) -> Sample:
             if "sqlite-limit-shapes" not in env.notes:
                 env.notes["sqlite-limit-shapes"] = await anyio.to_thread.run_sync(limit.shapes)
             cpu = time.process_time()
-            seconds = await anyio.to_thread.run_sync(limit.run, cycles, batch)
+            if ceiling:
+                seconds = await _beside_journal(limit, cycles, batch, concurrency)
+            else:
+                seconds = await anyio.to_thread.run_sync(limit.run, cycles, batch)
             cpu = time.process_time() - cpu
         finally:
             await anyio.to_thread.run_sync(limit.close)
     commits = round(2 * cycles / batch)
     return Sample(cycles, seconds, commits=commits, cpu_seconds=cpu)
+
+
+async def _beside_journal(limit: SqliteLimit, cycles: int, batch: float, concurrency: int) -> float:
+    """The seconds until both the limit (in its thread) and ``cycles`` journal cycles over
+    ``MemoryStore`` (on the event loop) are done, run at the same time."""
+    started = time.perf_counter()
+    async with Journal(MemoryStore()) as journal, anyio.create_task_group() as group:
+        group.start_soon(anyio.to_thread.run_sync, limit.run, cycles, batch)
+        cycle = journal_cycle(journal, "ceiling", definition_digest("bench-ceiling-v1"))
+        await drive_cycles(cycle, cycles, concurrency)
+    return time.perf_counter() - started
 
 
 def same_statements(env: Env) -> bool | None:
@@ -239,6 +308,14 @@ def same_statements(env: Env) -> bool | None:
 
 
 async def run_postgres_limit(env: Env, cycles: int, concurrency: int) -> Sample:
+    return await _postgres_limit(env, cycles, concurrency, ceiling=False)
+
+
+async def run_postgres_ceiling(env: Env, cycles: int, concurrency: int) -> Sample:
+    return await _postgres_limit(env, cycles, concurrency, ceiling=True)
+
+
+async def _postgres_limit(env: Env, cycles: int, concurrency: int, *, ceiling: bool) -> Sample:
     if env.postgres_url is None:
         raise RuntimeError("no PostgreSQL server")
     settings = PostgresSettings(
@@ -256,7 +333,10 @@ async def run_postgres_limit(env: Env, cycles: int, concurrency: int) -> Sample:
         await anyio.to_thread.run_sync(bare.open)
         try:
             cycle = bare_cycle(bare, secrets.token_hex(4), PG_POOL_SIZE)
-            sample = await measure(cycle, cycles, concurrency, commits=lambda: bare.commits)
+            async with Journal(MemoryStore()) as journal:
+                if ceiling:
+                    cycle = with_journal(cycle, journal)
+                sample = await measure(cycle, cycles, concurrency, commits=lambda: bare.commits)
         finally:
             await anyio.to_thread.run_sync(bare.close)
     finally:

@@ -51,6 +51,7 @@ ALL_SETTINGS: tuple[Setting, ...] = (
     ("trio", 16),
 )
 PEER_SETTINGS: tuple[Setting, ...] = (("asyncio", 1), ("asyncio", 16), ("asyncio", 64))
+C16: tuple[Setting, ...] = (("asyncio", 16), ("trio", 16))
 POSTGRES_VARIABLES = ("ITEMJOURNAL_BENCH_POSTGRES", "ITEMJOURNAL_TEST_POSTGRES")
 WARMUP_CYCLES = 16  # per workload, once per event loop, at concurrency 4: not recorded
 DEFAULT_JSON = Path(__file__).resolve().parent / "out" / "results.json"
@@ -59,7 +60,7 @@ DEFAULT_JSON = Path(__file__).resolve().parent / "out" / "results.json"
 @dataclass(frozen=True)
 class Workload:
     name: str
-    group: str  # "store", "limit" or "peer"
+    group: str  # "store", "limit", "ceiling" or "peer"
     runner: Runner
     settings: tuple[Setting, ...]
     needs_postgres: bool = False
@@ -69,11 +70,14 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("memory store", "store", _stores.run_memory, ALL_SETTINGS),
     Workload("file store", "store", _stores.run_file, ALL_SETTINGS),
     Workload("file limit", "limit", _limits.run_file_limit, ALL_SETTINGS),
-    Workload("file saves", "limit", _limits.run_file_saves, (("asyncio", 16), ("trio", 16))),
+    Workload("file saves", "limit", _limits.run_file_saves, C16),
+    Workload("file ceiling", "ceiling", _limits.run_file_ceiling, C16),
     Workload("sqlite store", "store", _stores.run_sqlite, ALL_SETTINGS),
     Workload("sqlite limit", "limit", _limits.run_sqlite_limit, ALL_SETTINGS),
+    Workload("sqlite ceiling", "ceiling", _limits.run_sqlite_ceiling, C16),
     Workload("postgres store", "store", _stores.run_postgres, ALL_SETTINGS, True),
     Workload("postgres limit", "limit", _limits.run_postgres_limit, ALL_SETTINGS, True),
+    Workload("postgres ceiling", "ceiling", _limits.run_postgres_ceiling, C16, True),
     Workload("lean sqlite peer", "peer", _peers.run_lean, PEER_SETTINGS),
     Workload("aiosqlite peer", "peer", _peers.run_aiosqlite, PEER_SETTINGS),
     Workload("serialised peer", "peer", _peers.run_serial, PEER_SETTINGS),
@@ -81,9 +85,12 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("aiofiles peer", "peer", _peers.run_aiofiles, PEER_SETTINGS),
     Workload("idempotency pkg", "peer", _peers.run_idempotency, PEER_SETTINGS),
 )
-# Pairs run next to each other; the first of a pair first in even rounds (the SQLite limit
-# always after the store: it replays the store's batch sizes of that very run).
-PAIRS = (("file store", "file limit"), ("postgres store", "postgres limit"))
+# Workloads that run next to each other, in reverse order every other round (the SQLite
+# limit always after the store: it replays the store's batch sizes of that very run).
+NEIGHBOURS = (
+    ("file store", "file limit", "file saves", "file ceiling"),
+    ("postgres store", "postgres limit", "postgres ceiling"),
+)
 
 
 @dataclass(frozen=True)
@@ -143,10 +150,10 @@ def _order(workloads: list[Workload], round_index: int) -> list[Workload]:
     if round_index % 2 == 0:
         return workloads
     names = [w.name for w in workloads]
-    for first, second in PAIRS:
-        if first in names and second in names:
-            i, j = names.index(first), names.index(second)
-            names[i], names[j] = names[j], names[i]
+    for neighbours in NEIGHBOURS:
+        places = [i for i, name in enumerate(names) if name in neighbours]
+        for place, name in zip(places, reversed([names[i] for i in places]), strict=True):
+            names[place] = name
     by_name = {w.name: w for w in workloads}
     return [by_name[name] for name in names]
 
@@ -256,16 +263,26 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         *,
         what: Callable[[Sample], float] = _rate,
         beside: Key | None = None,
+        ceiling: Key | None = None,
     ) -> None:
         by = _ratios(results, top, bottom, what)
         if not by:
             return
         value = median(by)
-        note = ""
+        notes: list[str] = []
         if beside is not None:  # the same ratio against a reference workload, for the note
             against = _ratios(results, top, beside, what)
             if against:
-                note = f"against the {beside[0]} alone: {median(against):.2f}"
+                notes.append(f"against the {beside[0]} alone: {median(against):.2f}")
+        if ceiling is not None:  # the most a store can make of the limit, and ours of that
+            most = _ratios(results, ceiling, bottom, what)
+            ours = _ratios(results, top, ceiling, what)
+            if most and ours:
+                notes.append(
+                    f"{ceiling[0]} / {bottom[0]}: {median(most):.2f}; "
+                    f"store / {ceiling[0]}: {median(ours):.2f}"
+                )
+        note = "; ".join(notes)
         if minimum is not None:
             found.append(Goal(name, value, f">= {minimum:g}", value >= minimum, by, note))
         elif maximum is not None:
@@ -279,6 +296,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         0.8,
         None,
         beside=("file saves", *c16),
+        ceiling=("file ceiling", *c16),
     )
     ratio_goal(
         "file store / file limit, cycles/s, trio c16",
@@ -287,6 +305,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         0.8,
         None,
         beside=("file saves", "trio", 16),
+        ceiling=("file ceiling", "trio", 16),
     )
     ratio_goal(
         "file store / file limit, lag p99, asyncio c16",
@@ -296,6 +315,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         1.5,
         what=_lag,
         beside=("file saves", *c16),
+        ceiling=("file ceiling", *c16),
     )
     ratio_goal(
         "sqlite store / lean peer, cycles/s, c16",
@@ -303,6 +323,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         ("lean sqlite peer", *c16),
         3.0,
         None,
+        ceiling=("sqlite ceiling", *c16),
     )
     ratio_goal(
         "sqlite store / lean peer, cycles/s, c1",
@@ -317,6 +338,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         ("sqlite limit", *c16),
         0.5,
         None,
+        ceiling=("sqlite ceiling", *c16),
     )
     ratio_goal(
         "postgres store / postgres limit, cycles/s, c16",
@@ -324,6 +346,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
         ("postgres limit", *c16),
         0.9,
         None,
+        ceiling=("postgres ceiling", *c16),
     )
     if results.instructions is not None:
         count = results.instructions["journal"]
