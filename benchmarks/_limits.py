@@ -17,11 +17,12 @@
 Each ``… ceiling`` is its limit with the journal's own work added to every cycle: a
 ``begin`` and a ``complete`` over ``MemoryStore`` (no I/O), then the limit's cycle (for
 SQLite, whose limit runs in one thread with no event loop, the limit's thread and as
-many journal cycles on the event loop, at the same time). No store
-can beat it: it is what the store would make if its only cost beyond the limit's were the
-journal's work, with nothing at all spent handing that work between the event loop and
-the threads. Its rate over the limit's is therefore the highest ratio a store can reach in
-this process, GIL and all.
+many journal cycles on the event loop, at the same time). It estimates what a store would
+make if its only cost beyond the limit's were the journal's work, with nothing spent
+handing that work between the event loop and the threads: its rate over the limit's says
+how much of a goal the journal's own work leaves. It is an estimate, not a bound: a store
+whose journal work falls differently between the storage's waits can come out above it
+(the PostgreSQL store, whose step runs in the worker thread holding the connection, did).
 """
 
 from __future__ import annotations
