@@ -35,6 +35,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio.to_thread
@@ -60,13 +62,26 @@ PAYLOAD = 1024  # bytes per bare file save; a journal record is about 750-900 B
 # ---------------------------------------------------------------------- ceilings
 
 
-def with_journal(limit: CycleFunction, journal: Journal) -> CycleFunction:
-    """``limit``'s cycle after a ``begin`` and a ``complete`` of ``journal`` (over a
-    ``MemoryStore``): the journal's own work and the limit's, with nothing between them."""
-    journal_part = journal_cycle(journal, "ceiling", definition_digest("bench-ceiling-v1"))
+@asynccontextmanager
+async def journal_beside(ceiling: bool) -> AsyncIterator[CycleFunction | None]:
+    """For a ceiling, a ``begin`` + ``complete`` cycle of a journal over ``MemoryStore``;
+    None for the limit alone."""
+    if not ceiling:
+        yield None
+        return
+    async with Journal(MemoryStore()) as journal:
+        yield journal_cycle(journal, "ceiling", definition_digest("bench-ceiling-v1"))
+
+
+def with_journal(limit: CycleFunction, journal_part: CycleFunction | None) -> CycleFunction:
+    """``limit``'s cycle after ``journal_part``'s (if any): the journal's own work and the
+    limit's, with nothing between them."""
+    if journal_part is None:
+        return limit
+    part = journal_part
 
     async def cycle(index: int) -> None:
-        await journal_part(index)
+        await part(index)
         await limit(index)
 
     return cycle
@@ -79,10 +94,8 @@ async def _file_limit(env: Env, cycles: int, concurrency: int, *, ceiling: bool)
     async with run_directory(env.base, "limit-") as root:
         saves = StoreSaves(root, PAYLOAD)
         try:
-            if not ceiling:
-                return await measure(save_cycle(saves), cycles, concurrency)
-            async with Journal(MemoryStore()) as journal:
-                cycle = with_journal(save_cycle(saves), journal)
+            async with journal_beside(ceiling) as journal_part:
+                cycle = with_journal(save_cycle(saves), journal_part)
                 return await measure(cycle, cycles, concurrency)
         finally:
             saves.close()
@@ -289,10 +302,10 @@ async def _beside_journal(limit: SqliteLimit, cycles: int, batch: float, concurr
     """The seconds until both the limit (in its thread) and ``cycles`` journal cycles over
     ``MemoryStore`` (on the event loop) are done, run at the same time."""
     started = time.perf_counter()
-    async with Journal(MemoryStore()) as journal, anyio.create_task_group() as group:
+    async with journal_beside(True) as journal_part, anyio.create_task_group() as group:
+        assert journal_part is not None
         group.start_soon(anyio.to_thread.run_sync, limit.run, cycles, batch)
-        cycle = journal_cycle(journal, "ceiling", definition_digest("bench-ceiling-v1"))
-        await drive_cycles(cycle, cycles, concurrency)
+        await drive_cycles(journal_part, cycles, concurrency)
     return time.perf_counter() - started
 
 
@@ -333,10 +346,10 @@ async def _postgres_limit(env: Env, cycles: int, concurrency: int, *, ceiling: b
         bare = Bare(settings)
         await anyio.to_thread.run_sync(bare.open)
         try:
-            cycle = bare_cycle(bare, secrets.token_hex(4), PG_POOL_SIZE)
-            async with Journal(MemoryStore()) as journal:
-                if ceiling:
-                    cycle = with_journal(cycle, journal)
+            async with journal_beside(ceiling) as journal_part:
+                cycle = with_journal(
+                    bare_cycle(bare, secrets.token_hex(4), PG_POOL_SIZE), journal_part
+                )
                 sample = await measure(cycle, cycles, concurrency, commits=lambda: bare.commits)
         finally:
             await anyio.to_thread.run_sync(bare.close)

@@ -274,7 +274,7 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
             against = _ratios(results, top, beside, what)
             if against:
                 notes.append(f"against the {beside[0]} alone: {median(against):.2f}")
-        if ceiling is not None:  # the most a store can make of the limit, and ours of that
+        if ceiling is not None:  # what the journal's own work leaves, and the store of that
             most = _ratios(results, ceiling, bottom, what)
             ours = _ratios(results, top, ceiling, what)
             if most and ours:
