@@ -7,13 +7,16 @@ created under a temporary name and linked into place, and only ``stat`` looks at
 
 Opening is a series of tries (``open_step``), each of which may find another process
 holding a lock it needs; ``_Opening`` remembers how far the tries got, so that the store
-can wait on the event loop between them and go on where the last one stopped.
+can wait between them (on the event loop, or blocking its caller's thread) and go on where
+the last one stopped; ``OpenRetry`` says how long each wait is, and when to give up.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import random
 import secrets
 import sqlite3
 import stat
@@ -27,7 +30,7 @@ from ..trust import require_private
 from .connection import _busy, _failure
 from .schema import check_schema, migrate
 
-__all__ = ["_Opening", "open_step"]
+__all__ = ["OpenRetry", "_Opening", "open_step"]
 
 
 class _Opening:
@@ -42,6 +45,31 @@ class _Opening:
         self.wal = False
 
 
+class OpenRetry:
+    """The waits between the tries of one opening: short and jittered, growing to 5 ms
+    (SQLite's own busy handler, whose sleeps lengthen to 100 ms, would let a busy process
+    starve a waiting one); ``ETIMEDOUT`` once ``timeout`` seconds have passed since
+    ``now``, on the clock the caller waits by."""
+
+    def __init__(self, path: str, timeout: float, now: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.deadline = now + timeout
+        self.delay = 0.0002
+
+    def next_delay(self, now: float) -> float:
+        """How long to wait before the next try; raises once the time is up."""
+        if now >= self.deadline:
+            raise StorageFailed(
+                f"another process held a lock on {self.path} for "
+                f"{self.timeout:g} s, so it could not be opened",
+                errno=errno.ETIMEDOUT,
+            )
+        delay = self.delay * (0.5 + random.random())
+        self.delay = min(self.delay * 2, 0.005)
+        return delay
+
+
 def open_step(
     opening: _Opening,
     path: str,
@@ -52,7 +80,8 @@ def open_step(
     """One try at opening; False when another process holds a lock it needs.
 
     ``connect`` makes the writer connection, which never waits inside SQLite (busy
-    timeout 0): ``open`` waits between tries on the event loop, where a cancel reaches it.
+    timeout 0): ``open`` waits between tries on the event loop, where a cancel reaches it
+    (``open_blocking`` in its caller's thread, where an interrupt does).
     """
     current_owner()  # named now: a process short of descriptors later still names itself
     if not opening.prepared:

@@ -3,11 +3,14 @@
 An operation (a step on one row, or a setting) waits in the writer's queue (``_PENDING``),
 is taken into a batch (``_TAKEN``) and is done (``_DONE``) once the batch's fate is
 known. Inside the batch, in the writer thread, its outcome is only decided; it is
-published to its caller when the batch has committed, or failed, as a whole.
+published to its caller when the batch has committed, or failed, as a whole. An awaiting
+caller is woken through its event loop (``token``); a blocking caller, which has no
+loop, through its own ``waker``, set straight from the writer thread.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Final, Generic, TypeVar
 
 import anyio
@@ -48,6 +51,7 @@ class _Operation(Generic[T]):
         "state",
         "step",
         "token",
+        "waker",
         "wrote",
     )
 
@@ -65,6 +69,7 @@ class _Operation(Generic[T]):
         self.setting = setting
         self.state = _PENDING
         self.token: EventLoopToken | None = None  # the caller's event loop, to be woken on
+        self.waker: threading.Event | None = None  # or, for a blocking caller, its own
         self.queued_at = 0.0  # time.monotonic() when the caller queued it
         self.abandoned = False  # its caller was cancelled while a batch held it
         self._done: anyio.Event | None = None

@@ -1,21 +1,23 @@
 """The SQLite store's batching writer: a queue of operations and the thread that serves it.
 
-Callers put their operations in a queue and wait on the event loop. One writer thread
+Callers put their operations in a queue and wait, on the event loop or, blocking, in
+their own thread (``itemjournal.sync``); both kinds share batches. One writer thread
 per store takes everything queued into ONE transaction with ONE commit (one WAL sync,
 see ``batch``), answers every caller of the batch at once through its event loop
-(anyio's event-loop token: one callback per loop and batch, without waiting for it),
-and takes the next batch straight away: the operations that queued while a commit was
-in flight. A lone operation runs at once: there is no timer waiting for company. The
-thread is started by the first operation, and ends when the store closes or after
-``_IDLE`` seconds without work (the next operation starts it again).
+(anyio's event-loop token: one callback per loop and batch, without waiting for it;
+a blocking caller through its own waker), and takes the next batch straight away: the
+operations that queued while a commit was in flight. A lone operation runs at once:
+there is no timer waiting for company. The thread is started by the first operation,
+and ends when the store closes or after ``_IDLE`` seconds without work (the next
+operation starts it again).
 
 While another process holds SQLite's write lock, the batch goes back to the queue and
 the thread waits (short, jittered sleeps, growing to 5 ms) before it tries again; an
 operation queued for ``busy_timeout`` seconds by then fails with ``ETIMEDOUT``.
 SQLite's own busy handler, whose sleeps lengthen to 100 ms, would let a busy process
-starve a waiting one. An operation cancelled while queued (waiting for the lock
-included) leaves the queue at once and never runs; one cancelled while its batch runs
-waits for the batch, so its outcome is settled.
+starve a waiting one. An operation cancelled (a blocking one: interrupted) while queued
+(waiting for the lock included) leaves the queue at once and never runs; one cancelled
+while its batch runs waits for the batch, so its outcome is settled.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class BatchWriter(BatchTransaction):
         self._idle = False  # the thread waits for work (and wants to hear of it)
         self._stopping = False
         self._running = False  # the thread holds a batch (running it, or about to retry it)
+        # Held by the thread while a batch runs on the writer connection: a fork waits for
+        # it (see ``forking``), so no transaction is ever half-way in a child.
+        self._gate = threading.Lock()
 
     @property
     def _writing(self) -> bool:
@@ -67,12 +72,39 @@ class BatchWriter(BatchTransaction):
 
     async def _submit(self, operation: _Operation[T]) -> T:
         await anyio.lowlevel.checkpoint_if_cancelled()  # the only cancel point before queueing
-        if self._closed:
-            raise StorageFailed(f"{self!r} is closed")
         operation.token = anyio.lowlevel.current_token()
-        operation.queued_at = time.monotonic()
         done = operation.done  # made here, on the event loop, before the thread can answer
+        self._enqueue(operation)
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            await self._cancelled(operation)
+            raise
+        return operation.result()
+
+    def _submit_blocking(self, operation: _Operation[T]) -> T:
+        """``_submit`` for a caller without an event loop: its thread blocks until the
+        writer thread sets the operation's own waker."""
+        waker = operation.waker = threading.Event()
+        self._enqueue(operation)
+        try:
+            waker.wait()
+        except BaseException:  # KeyboardInterrupt, or whatever a signal handler raised
+            self._interrupted(operation, waker)
+            raise
+        return operation.result()
+
+    def _enqueue(self, operation: _Operation[Any]) -> None:
+        """Queue the operation, starting the writer thread if none serves the queue.
+
+        Refused once closing has begun: checked under the queue's lock, which closing
+        takes to stop the thread, so an operation is either refused or served before the
+        thread ends, whichever thread or event loop its caller is on.
+        """
+        operation.queued_at = time.monotonic()
         with self._lock:
+            if self._closed or self._stopping:
+                raise StorageFailed(f"{self!r} is closed")
             self._queue.append(operation)
             thread = self._thread
             # Not started yet, ended when idle, or ended by an error.
@@ -81,18 +113,14 @@ class BatchWriter(BatchTransaction):
                     self._start()
                 except BaseException as error:  # it must not run later, unawaited
                     self._queue.remove(operation)
+                    if not isinstance(error, Exception):  # an interrupt: nothing started
+                        raise
                     raise StorageFailed(
                         f"cannot start the writer thread of {self.path}, so nothing was "
                         f"written: {error}"
                     ) from error
             elif self._idle:
                 self._work.notify()
-        try:
-            await done.wait()
-        except anyio.get_cancelled_exc_class():
-            await self._cancelled(operation)
-            raise
-        return operation.result()
 
     def _start(self) -> None:
         thread = threading.Thread(
@@ -101,17 +129,23 @@ class BatchWriter(BatchTransaction):
         self._thread = thread
         thread.start()
 
+    def _leave_queue(self, operation: _Operation[Any]) -> bool:
+        """Its caller gives up waiting: True when the operation was still queued, and has
+        left the queue (it never runs); otherwise the batch holding it is told (one that
+        finds the write lock taken gives it up instead of back), and the caller must wait
+        until the batch has settled it."""
+        with self._lock:
+            if operation.state == _PENDING:
+                self._queue.remove(operation)
+                return True
+            operation.abandoned = True
+            return False
+
     async def _cancelled(self, operation: _Operation[Any]) -> None:
         """The caller was cancelled: a queued operation leaves the queue and never runs;
         one in a batch under way is waited for (shielded), so its outcome is settled
         before the cancellation goes on."""
-        with self._lock:
-            queued = operation.state == _PENDING
-            if queued:
-                self._queue.remove(operation)
-            else:  # a batch that finds the write lock taken gives it up instead of back
-                operation.abandoned = True
-        if queued:
+        if self._leave_queue(operation):
             return
         with anyio.CancelScope(shield=True):
             while not operation.done.is_set():  # set once the batch is done
@@ -120,15 +154,41 @@ class BatchWriter(BatchTransaction):
                 except anyio.get_cancelled_exc_class():  # a second, native cancel
                     continue
 
-    async def _stop(self) -> None:
-        """Let the thread finish what is queued, then end it (shielded)."""
+    def _interrupted(self, operation: _Operation[Any], waker: threading.Event) -> None:
+        """A blocking caller was interrupted: as ``_cancelled``, with the wait for a batch
+        under way deaf to further interrupts (the first is raised once it is over)."""
+        if self._leave_queue(operation):
+            return
+        while True:
+            try:
+                waker.wait()
+            except BaseException:  # a second interrupt: the outcome comes first
+                continue
+            return
+
+    def _request_stop(self) -> threading.Thread | None:
+        """Have the thread finish what is queued and end; the thread to wait for."""
         with self._lock:
             self._stopping = True
             self._work.notify()
-            thread = self._thread
+            return self._thread
+
+    async def _stop(self) -> None:
+        """Let the thread finish what is queued, then end it (shielded)."""
+        thread = self._request_stop()
         if thread is not None:
             with anyio.CancelScope(shield=True):
                 await run_in_thread(thread.join)
+
+    def _writer_after_fork(self) -> None:
+        """In a forked child: the parent's thread is not here, and its locks may have been
+        held at the fork; the calls it was serving are the parent's. Start empty."""
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._gate = threading.Lock()
+        self._queue = []
+        self._thread = None
+        self._idle = self._running = False
 
     # ------------------------------------------------------------------ the writer thread
 
@@ -147,7 +207,8 @@ class BatchWriter(BatchTransaction):
                     member.state = _TAKEN
                 self._running = True
             try:
-                busy = self._run_batch(batch)
+                with self._gate:
+                    busy = self._run_batch(batch)
             except BaseException:  # every member is settled, and its answer says what failed
                 busy = False
             if not busy:
@@ -198,16 +259,21 @@ class BatchWriter(BatchTransaction):
                 self._work.wait(delay * (0.5 + random.random()))
 
     def _answer(self, batch: list[_Operation[Any]]) -> None:
-        """Every member is done: wake each caller, with one callback per event loop."""
+        """Every member is done: wake each caller, with one callback per event loop, and
+        each blocking caller directly."""
         # By the loop itself (hashed by identity), not by its token (a dataclass, hashed
         # field by field): a batch's members mostly share one loop.
         loops: dict[object, tuple[anyio.lowlevel.EventLoopToken, list[_Operation[Any]]]] = {}
+        wakers: list[threading.Event] = []
         for member in batch:
             if not member.settled:  # pragma: no cover - a batch settles all its members
                 member.fail(StorageFailed("the batch holding this call failed"))
             member.state = _DONE
             token = member.token
-            assert token is not None  # every queued operation has its loop's
+            if token is None:  # a blocking caller's: every queued operation has one or other
+                assert member.waker is not None
+                wakers.append(member.waker)
+                continue
             known = loops.get(token.native_token)
             if known is None:
                 loops[token.native_token] = (token, [member])
@@ -216,6 +282,8 @@ class BatchWriter(BatchTransaction):
         self._running = False
         for token, members in loops.values():
             call_soon(token, _wake, members)
+        for waker in wakers:
+            waker.set()
 
 
 def _wake(members: list[_Operation[Any]]) -> None:
