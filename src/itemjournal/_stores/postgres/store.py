@@ -10,9 +10,11 @@
 - ``statements``, ``reads`` and ``writes``: what each operation sends and reads back;
 - ``settle``: the commit, and the settling of a commit whose outcome was lost.
 
-Every operation is one worker-thread trip holding one pooled connection. A write is one
-transaction (lock the row, run the journal's step, write, commit), re-run on what is there
-when it lost a race, and never retried blindly once its commit has begun.
+Every operation is one worker-thread trip holding one pooled connection (on the blocking
+face, ``blocking``: the same work in the caller's thread). A write is one transaction (lock
+the row, run the journal's step, write, commit), re-run on what is there when it lost a
+race, and never retried blindly once its commit has begun. In a child made by ``fork`` the
+store starts over with connections and an owner session of its own (``forks``).
 
 **Durability.** Every write commits with at least ``synchronous_commit = on``, whatever the
 server, database or role says (``remote_apply`` is kept).
@@ -36,8 +38,10 @@ from ..._model.records import STATUSES, Owner, Record
 from ..owners import current_owner, gone_reason, owner_alive
 from ..seam import Step, StepFunction, Tally
 from ..threads import Trips
+from .blocking import BlockingFace
 from .calls import Call
 from .connections import Connections, StepConnection, roll_back
+from .forks import ChildConnections, is_pending, watch
 from .location import parse_location
 from .probe import check_owner_pooling, check_owner_reach, data_pooling
 from .reads import Reads, row_record
@@ -52,7 +56,7 @@ __all__ = ["PostgresStore", "missing_journal"]
 T = TypeVar("T")
 
 
-class PostgresStore:
+class PostgresStore(BlockingFace):
     """Record documents in a PostgreSQL database, shared by every host that opens it.
 
     ``location`` is a ``postgresql://`` (or ``postgres://``) URL as libpq takes it, its
@@ -83,17 +87,43 @@ class PostgresStore:
         tables = Tables.of(where.schema)
         self._tables = tables
         self._statements = Statements(tables)
+        self._trips = self._new_trips()
+        self._take_parts(Connections(where, lock_timeout, self._trips, repr(self)))
+        watch(self)
+
+    def _new_trips(self) -> Trips:
         # As many trips at once as there are pooled connections: a trip that had to wait
         # for a connection would wait in a worker thread, and threads waiting in the pool
         # cost the process a quarter of its CPU per cycle at 16 tasks (benchmarks/README.md).
-        self._trips = Trips(self, at_once=self.pool_size, turn_timeout=lock_timeout)
-        self._connections = Connections(where, lock_timeout, self._trips, repr(self))
-        self._owner_lock = OwnerLock(where, lock_timeout)
-        self._commits = Commits(self._connections, where, tables, lock_timeout)
+        return Trips(self, at_once=self.pool_size, turn_timeout=self.lock_timeout)
+
+    def _take_parts(self, connections: Connections) -> None:
+        """The parts that hold connections, locks or threads, over ``connections``: made
+        with the store, and made anew in a forked child (``_start_over``)."""
+        self._connections = connections
+        self._owner_lock = OwnerLock(self._where, self.lock_timeout)
+        self._commits = Commits(connections, self._where, self._tables, self.lock_timeout)
         self._step_connection = StepConnection()
-        self._reads = Reads(
-            self._connections, self._statements, self._step_connection, self.location
-        )
+        self._reads = Reads(connections, self._statements, self._step_connection, self.location)
+
+    def _start_over(self) -> object:
+        """In a forked child, right after the fork: parts of this process's own, none yet
+        connected (a store the parent had opened connects at its first use here, and takes
+        an owner session of its own before its first claim; one the parent had closed stays
+        closed). Answers the inherited parts, which the child must never use nor close."""
+        old, closed = self._connections, self._trips.closed
+        inherited = (self._trips, old, self._owner_lock, self._commits, self._step_connection)
+        self._trips = self._new_trips()
+        self._trips.closed = closed
+        name = repr(self)
+        if not self._trips.closed and (old.pool is not None or is_pending(old)):
+            connections: Connections = ChildConnections(
+                self._where, self.lock_timeout, self._trips, name, old.pooling
+            )
+        else:
+            connections = Connections(self._where, self.lock_timeout, self._trips, name)
+        self._take_parts(connections)
+        return inherited
 
     @classmethod
     def from_location(
@@ -164,7 +194,10 @@ class PostgresStore:
             raise
 
     async def check(self) -> list[str]:
-        return await self._trips.run(check_journal, self._connections, self._tables, self.location)
+        return await self._trips.run(self._check_sync)
+
+    def _check_sync(self) -> list[str]:
+        return check_journal(self._connections, self._tables, self.location)
 
     async def aclose(self) -> None:
         await self._trips.close()
@@ -233,16 +266,18 @@ class PostgresStore:
         statuses through their index); the column is checked against the document on
         every read, and a table constraint keeps it one of the statuses.
         """
-        if status is not None and status not in STATUSES:
-            raise InvalidArgument(f"no such status: {status!r}", code="INVALID_ARGUMENT")
-        bound = "" if after is None else after
-        while True:
-            page, last = await self._trips.run(self._reads.page, bound, batch, status)
+        bound: str | None = self._scan_start(status, after)
+        while bound is not None:
+            page, bound = await self._trips.run(self._reads.page, bound, batch, status)
             for item in page:
                 yield item
-            if last is None:
-                return
-            bound = last
+
+    @staticmethod
+    def _scan_start(status: str | None, after: str | None) -> str:
+        """Where a scan's first page starts, once its ``status`` is known to be one."""
+        if status is not None and status not in STATUSES:
+            raise InvalidArgument(f"no such status: {status!r}", code="INVALID_ARGUMENT")
+        return "" if after is None else after
 
     async def tally(self) -> Tally:
         """The rows per status column, then the suspect rows (whose document does not name
@@ -252,7 +287,10 @@ class PostgresStore:
         status but is damaged elsewhere is counted under that status; only a full scan
         (``Journal.counts``) reads every row strictly.
         """
-        return Tally(await self._trips.run(self._reads.tally), exact=False)
+        return await self._trips.run(self._tally_sync)
+
+    def _tally_sync(self) -> Tally:
+        return Tally(self._reads.tally(), exact=False)
 
     async def ages(self, identities: Sequence[Identity]) -> list[timedelta | None]:
         """For each identity, how long ago its record was last written by the store's own clock
@@ -262,27 +300,38 @@ class PostgresStore:
         its ``now()`` minus that, never below zero (a server clock stepped back makes a
         record young, never old). A row older than the column carries the time of the
         migration that added it (see ``schema``)."""
-        digests = [identity_digest(identity) for identity in identities]
-        return await self._trips.run(self._reads.ages, digests)
+        return await self._trips.run(self._ages_sync, identities)
+
+    def _ages_sync(self, identities: Sequence[Identity]) -> list[timedelta | None]:
+        return self._reads.ages([identity_digest(identity) for identity in identities])
 
     # ------------------------------------------------------------------ writing
 
     async def setting(self, name: str, value: str) -> str:
-        return await self._trips.run(
-            record_setting, self._connections, self._tables, self.location, f"setting.{name}", value
+        return await self._trips.run(self._record_setting, name, value)
+
+    def _record_setting(self, name: str, value: str) -> str:
+        return record_setting(
+            self._connections, self._tables, self.location, f"setting.{name}", value
         )
 
     async def apply(self, identity: Identity, step: StepFunction[T]) -> T:
         call = Call()
         return await self._trips.run(self._apply_sync, identity, step, call, on_cancel=call.cancel)
 
-    def _apply_sync(self, identity: Identity, step: StepFunction[T], call: Call) -> T:
+    def _apply_sync(
+        self, identity: Identity, step: StepFunction[T], call: Call, *, blocking: bool = False
+    ) -> T:
         digest = identity_digest(identity)
+        # A trip waits for a pooled connection in short slices, to see its caller's cancel;
+        # a blocking caller cannot be cancelled, and waits in one piece in the pool's queue,
+        # served in the order it came.
+        waiting = None if blocking else call
         try:
             # Lost insert races, a lost owner session, or pooled connections the server
             # dropped (each is discarded): decide again, nothing having been written.
             for _ in range(RETRIES + self.pool_size):
-                with self._connections.connection(call) as connection:
+                with self._connections.connection(waiting) as connection:
                     try:
                         call.use(connection)
                         return self._attempt(connection, digest, step, call)
