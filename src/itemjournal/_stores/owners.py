@@ -12,9 +12,8 @@ runs:
   namespace, so two readings compare only within one;
 * its start time in clock ticks after boot, field 22 of ``/proc/<pid>/stat``.
 
-None of them depends on the wall clock. (The boot *time* in ``/proc/stat`` does: it is
-the clock minus the uptime, so it moves when the clock is stepped. It is used only for
-the human-readable ``started_at``, which is never compared.)
+None depends on the wall clock (the boot *time* in ``/proc/stat`` does, and is used only
+for the human-readable ``started_at``, which is never compared).
 
 The judgement (``assess``) answers "gone" only from facts that prove it here:
 
@@ -24,17 +23,26 @@ The judgement (``assess``) answers "gone" only from facts that prove it here:
   from the host's own pid namespace, with permission to look at every process);
 * an earlier boot of *this machine*: the owner's boot id is in this machine's boot log
   (``boot_log_path``), which every owner appends its boot id to before its first claim.
-  A hostname or ``/etc/machine-id`` proves nothing (containers and clones share them); a
-  boot id this machine logged was this machine's.
 
-Everything else is unknown (None), never gone. These functions read ``/proc`` and must
-run in a worker thread.
+What proves "this machine"? Not the log's directory: a state directory can be shared (a
+volume that follows its pod to another node, a network file system, a disk image cloned
+after it logged), and then it holds other machines' boot ids. Nor a hostname or
+``/etc/machine-id`` alone: images and clones copy them. So each machine keeps a log of
+its own name: a digest of what its kernel reports of its hardware (the DMI or hypervisor
+uuid, a device-tree serial, the permanent addresses of its physical network devices) and
+of its machine id, read outside the state directory (once per process). Another machine's
+boots land in another machine's log, whatever the directory; a machine whose kernel shows
+no hardware (a container with a network namespace of its own and no DMI) has no name,
+logs nothing and proves no reboot; a changed machine (a network card replaced) proves
+nothing about its earlier boots. Everything else is unknown (None), never gone. These
+functions read ``/proc`` and must run in a worker thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import socket
 import stat
@@ -106,8 +114,7 @@ def _read_time_namespace() -> int | None:
     try:
         inode = os.stat("/proc/self/ns/time").st_ino
     except FileNotFoundError:
-        # No such entry: a kernel before 5.6 has no time namespaces at all, so every
-        # reader sees the same ticks. (Only if /proc itself is there.)
+        # A kernel before 5.6 (if /proc is there): every reader sees the same ticks.
         return 0 if os.path.isdir("/proc/self/ns") else None
     except OSError:
         return None
@@ -126,9 +133,8 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def current_pid() -> int:
-    """``os.getpid()`` without a system call: kept up to date in a forked child by an
-    ``os.register_at_fork`` hook (a child made by a raw ``fork`` that bypasses CPython's
-    hooks is not seen; ``multiprocessing``, ``os.fork`` and ``subprocess`` are fine)."""
+    """``os.getpid()`` without a system call, kept by an ``os.register_at_fork`` hook (a raw
+    ``fork`` bypassing CPython's hooks is not seen; ``os.fork``, ``subprocess`` are fine)."""
     return _pid
 
 
@@ -158,11 +164,8 @@ def _local_space() -> _Space | None:
 
 
 def local_process_space() -> tuple[str, int] | None:
-    """(boot id, pid-namespace inode) of this process; None when ``/proc`` cannot say.
-
-    Only a success is remembered (per pid, so a forked child asks again): a passing
-    failure, such as running out of file descriptors, must not stick.
-    """
+    """(boot id, pid-namespace inode) of this process; None when ``/proc`` cannot say. Only
+    a success is remembered (per pid): a passing failure (no descriptors) must not stick."""
     space = _local_space()
     return None if space is None else (space[0], space[1])
 
@@ -181,12 +184,9 @@ def _exists(pid: int) -> bool:
 
 
 def start_ticks(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat``: the start of ``pid`` in clock ticks after boot.
-
-    None when no such process lives (a zombie has finished its work and counts as gone);
-    ``HIDDEN`` when it exists but its entry cannot be read (``hidepid``, no descriptors).
-    Only meaningful when ``local_process_space()`` is known (``/proc`` is ours).
-    """
+    """Field 22 of ``/proc/<pid>/stat``: the start of ``pid`` in clock ticks after boot;
+    None when no such process lives (a zombie counts as gone); ``HIDDEN`` when its entry
+    cannot be read. Only meaningful when ``local_process_space()`` is known."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stream:
             raw = stream.read()
@@ -214,14 +214,10 @@ def own_process() -> ProcessKey | None:
 
 
 def process_alive(pid: int, key: ProcessKey | None) -> bool | None:
-    """Whether the process ``key`` with ``pid`` still runs; None when this process cannot judge.
-
-    For the file store's temp files, whose names carry ``key`` (no time namespace): a
-    temp file is removed only when old as well, so a wrong answer costs a failed save at
-    worst, never a record. ``key`` None (the writer could not name itself): existence
-    of ``pid`` is all there is to go by. Otherwise the answer is None unless ``key`` is
-    of this boot and this pid namespace; then True iff ``pid`` lives with the same start.
-    """
+    """Whether the process ``key`` with ``pid`` still runs; None when this process cannot
+    judge. For the file store's temp files (removed only when old as well, so a wrong
+    answer costs a failed save at worst): ``key`` None, existence of ``pid`` decides;
+    else None unless ``key`` is of this boot and pid namespace."""
     space = _local_space()
     if key is None:
         if space is None:
@@ -240,24 +236,59 @@ def process_alive(pid: int, key: ProcessKey | None) -> bool | None:
 # ---------------------------------------------------------------------- the boot log
 
 
-def boot_log_path() -> Path:
-    """This machine's log of its boot ids: ``$ITEMJOURNAL_STATE_DIR/boots`` when set;
-    else ``/var/lib/itemjournal/boots`` for root, ``$XDG_STATE_HOME/itemjournal/boots``
-    (``~/.local/state``) for anyone else. It must survive reboots and belong to this
-    machine alone (not a network file system, not shared with another host)."""
+_HARDWARE: Final = (
+    "/sys/class/dmi/id/product_uuid",  # readable by root only
+    "/sys/hypervisor/uuid",
+    "/sys/firmware/devicetree/base/serial-number",
+)
+_MACHINE_IDS: Final = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+_NET: Final = "/sys/class/net"
+
+
+def _fact(path: str) -> str:
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(256).decode("ascii", "replace").strip("\x00\n ")
+    except OSError:
+        return ""
+
+
+def _machine_name() -> str | None:
+    """This machine's name for its boot log: a digest of its hardware facts and machine
+    id (see above); None when its kernel shows no hardware fact."""
+    facts = [f"{path}={value}" for path in _HARDWARE if (value := _fact(path))]
+    with contextlib.suppress(OSError):
+        for device in os.listdir(_NET):
+            # Physical devices (a container's veth has no ``device``), by the address they
+            # were made with (type 0), never a random one.
+            base = f"{_NET}/{device}"
+            address = _fact(f"{base}/address")
+            if os.path.exists(f"{base}/device") and _fact(f"{base}/addr_assign_type") == "0":
+                facts.extend([f"net={address}"] if address.strip("0:") else [])
+    if not facts:
+        return None
+    machine_id = next(filter(None, map(_fact, _MACHINE_IDS)), "")
+    return hashlib.sha256("\n".join([machine_id, *sorted(facts)]).encode()).hexdigest()[:32]
+
+
+_machine = _machine_name()  # read once, at import: no process outlives its machine
+
+
+def boot_log_path() -> Path | None:
+    """This machine's boot log, ``boots.<its name>`` in ``$ITEMJOURNAL_STATE_DIR`` when
+    set; else in ``/var/lib/itemjournal`` for root, ``$XDG_STATE_HOME/itemjournal``
+    (``~/.local/state``) for anyone else. None when this machine has no name."""
+    if _machine is None:
+        return None
     chosen = os.environ.get(STATE_VARIABLE)
-    if chosen:
-        return Path(chosen) / "boots"
-    if os.geteuid() == 0:
-        return Path("/var/lib/itemjournal/boots")
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
-    return Path(state) / "itemjournal" / "boots"
+    if not chosen:
+        home = os.path.expanduser("~")
+        state = os.environ.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
+        chosen = "/var/lib/itemjournal" if os.geteuid() == 0 else f"{state}/itemjournal"
+    return Path(chosen) / f"boots.{_machine}"
 
 
-def _trusted(fd: int) -> bool:
-    """A boot log is evidence only when no one else could have written it."""
+def _trusted(fd: int) -> bool:  # a log is evidence only if no one else could write it
     info = os.fstat(fd)
     return (
         stat.S_ISREG(info.st_mode)
@@ -266,8 +297,10 @@ def _trusted(fd: int) -> bool:
     )
 
 
-def _read_boots(path: Path) -> set[str] | None:
+def _read_boots(path: Path | None) -> set[str] | None:
     """The boot ids the log names; None when there is no log this process can trust."""
+    if path is None:
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -292,11 +325,12 @@ _logged: str | None = None  # the boot id this process has seen in the log
 
 
 def _log_boot(boot: str) -> None:
-    """Append ``boot`` to this machine's boot log unless it is there; durable before a
-    record can name it. A failure leaves the log as it was: records of this boot then
-    cannot be proven gone after a reboot (they stay unknown), nothing worse."""
+    """Append ``boot`` to this machine's boot log unless it is there, durably. A failure
+    leaves records of this boot unknown after a reboot, nothing worse."""
     global _logged
     path = boot_log_path()
+    if path is None:
+        return
     key = f"{path}\n{boot}"
     if _logged == key:
         return
@@ -305,9 +339,7 @@ def _log_boot(boot: str) -> None:
         _logged = key
         return
     try:
-        created = not path.parent.is_dir()
-        if created:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(
             path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
@@ -353,13 +385,9 @@ _me: tuple[int, Owner] | None = None
 
 
 def current_owner() -> Owner:
-    """This process as an owner (recomputed after a fork), its boot logged first.
-
-    Only an exactly named owner is remembered: if ``/proc`` failed this time, the next
-    claim asks again rather than going unnamed for the rest of the process's life. An
-    owner that cannot name its process but knows its boot records the boot alone, so a
-    reboot can still prove it gone.
-    """
+    """This process as an owner (recomputed after a fork), its boot logged first. Only an
+    exact name is remembered (after a passing ``/proc`` failure the next claim asks again);
+    an owner that knows only its boot records it alone, so a reboot can prove it gone."""
     global _me
     pid = _pid
     if _me is not None and _me[0] == pid:
@@ -387,11 +415,8 @@ def known_own_owner() -> Owner | None:
 
 
 def _namespace_gone(inode: int) -> bool:
-    """Whether no process of this host is in the pid namespace ``inode``, provably.
-
-    Only the host's own pid namespace sees every process; a process whose namespace
-    cannot be read (no permission) leaves the question open.
-    """
+    """Whether no process of this host is in the pid namespace ``inode``, provably (only
+    the host's own pid namespace sees every process)."""
     space = _local_space()
     if space is None or space[1] != INITIAL_PID_NAMESPACE:
         return False
@@ -456,10 +481,9 @@ def _assess_name(pid: int, name: ProcessName) -> tuple[bool | None, str]:
 
 
 def assess(owner: Owner | None) -> tuple[bool | None, str]:
-    """Whether ``owner`` lives (True, False, or None when this process cannot know), and
-    when it is gone, the reason a person reads. The host name is never compared; nor is
-    ``started_at``. An owner recorded without its process's name is never found gone by
-    its pid: only an earlier boot of this machine proves it gone."""
+    """Whether ``owner`` lives (True, False, or None: unknown here), and when it is gone,
+    the reason a person reads. Neither the host name nor ``started_at`` is compared; an
+    owner recorded without its process's name is found gone only by a reboot."""
     if owner is None or not owner.process:
         return None, ""
     name = parse_process(owner.process)
@@ -480,12 +504,8 @@ def gone_reason(owner: Owner | None) -> str:
 
 
 class ProcessOwners:
-    """Owners as the stores of one host know them: a claim belongs to a process.
-
-    The file, SQLite and in-memory stores take this as their ``owner``, ``owner_alive``
-    and ``gone_reason``: the owner is this process, judged by ``assess``. Call them in a
-    worker thread.
-    """
+    """Owners as the file, SQLite and in-memory stores know them: a claim belongs to this
+    process, judged by ``assess``. Call them in a worker thread."""
 
     __slots__ = ()
 
