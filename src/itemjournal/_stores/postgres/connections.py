@@ -7,6 +7,14 @@ runs on trio too. Each pooled connection is set up to wait for a locked row at m
 ``lock_timeout`` and to commit synchronously, and its server session's own name (pid,
 start) is kept for fencing. Behind a transaction pooler, which hands each transaction to
 any server session, every write transaction sets these for itself instead.
+
+**A host that dies holding a row.** A transaction of ours holds its row locks until the
+server ends it. Each pooled session asks the server to probe its client as the owner
+session does (TCP keepalives and ``tcp_user_timeout``, about 11 s), so a vanished host's
+session ends within that; and ``idle_in_transaction_session_timeout`` (``idle_limit``)
+ends a transaction of ours that waits for its client longer than any live one does,
+which covers a client whose kernel still answers but whose process has stopped, and the
+server sessions behind a pooler, whose socket leads to the pooler, not to the host.
 """
 
 from __future__ import annotations
@@ -28,13 +36,22 @@ from .calls import Call
 from .failures import failure
 from .location import Location
 
-__all__ = ["Connections", "ServerSession", "StepConnection", "connect", "roll_back"]
+__all__ = [
+    "IDLE_MARGIN",
+    "Connections",
+    "ServerSession",
+    "StepConnection",
+    "connect",
+    "idle_limit",
+    "roll_back",
+]
 
 T = TypeVar("T")
 
-# The server's own name for the session behind a connection: its pid, when it started, and
-# when the transaction under way began (None when only the session is known).
-ServerSession = tuple[int, object, object]
+# The server's own name for the session behind a connection: its pid, when it started,
+# when the transaction under way began (None when only the session is known), and the
+# synchronous_commit its commits wait for (what a lost commit must be proven to have).
+ServerSession = tuple[int, object, object, str]
 
 # Every write commits synchronously: at least ``on`` (the WAL flushed before COMMIT
 # returns), keeping ``remote_apply`` where the server or role asks for it. From the
@@ -45,10 +62,30 @@ _DURABLE: Final = (
 )
 # The server's own name for the session running this statement (libpq's backend pid is
 # the pooler's invention behind one) and, for a transaction, when it began.
+# The server probes a silent client of a pooled session as it does the owner session's
+# (settings the server lacks, tcp_user_timeout before 12, are left out).
+_PROBE_CLIENT: Final = (
+    "(SELECT count(set_config(name, value, false)) FROM (VALUES ('tcp_keepalives_idle', '5'), "
+    "('tcp_keepalives_interval', '2'), ('tcp_keepalives_count', '3'), "
+    "('tcp_user_timeout', '11000')) AS bound(name, value) JOIN pg_settings USING (name))"
+)
 _SERVER_ID: Final = (
     "pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()), "
     "now()"
 )
+
+
+IDLE_MARGIN: Final = 30.0
+"""Seconds a transaction of ours may wait for its client beyond ``lock_timeout``."""
+
+
+def idle_limit(lock_timeout: float) -> int:
+    """``idle_in_transaction_session_timeout`` for the store's transactions, in ms.
+
+    Between two statements of a transaction of ours the client only computes, except when
+    a step renews a lost owner session: a connection bounded by ``lock_timeout``. So a
+    live transaction never waits ``lock_timeout`` plus a margin for a loaded machine."""
+    return round((lock_timeout + IDLE_MARGIN) * 1000)
 
 
 def connect(conninfo: str, where: str, lock_timeout: float) -> psycopg.Connection[Any]:
@@ -147,13 +184,16 @@ class Connections:
             return
         # Rows another session holds are waited for at most lock_timeout; every commit
         # is synchronous; and the server's own name for this session, for fencing.
+        # Its transactions never sit idle on the server, and a vanished client is noticed.
         row = connection.execute(
             f"SELECT set_config('lock_timeout', %s, false), "
-            f"set_config('synchronous_commit', {_DURABLE}, false), {_SERVER_ID}",
-            (self._lock_timeout_ms(),),
+            f"set_config('synchronous_commit', {_DURABLE}, false), "
+            f"set_config('idle_in_transaction_session_timeout', %s, false), {_PROBE_CLIENT}, "
+            f"{_SERVER_ID}",
+            (self._lock_timeout_ms(), str(idle_limit(self._lock_timeout))),
         ).fetchone()
         assert row is not None
-        self._servers[connection] = (int(row[2]), row[3], None)
+        self._servers[connection] = (int(row[4]), row[5], None, str(row[1]))
         connection.commit()
 
     def _lock_timeout_ms(self) -> str:
@@ -161,17 +201,18 @@ class Connections:
 
     def start_write(self, connection: psycopg.Connection[Any]) -> None:
         """Behind a transaction pooler, the first statement of a write transaction: its
-        lock wait and synchronous commit (for this transaction only, on whichever server
-        session runs it) and that session's name for fencing."""
+        lock wait, synchronous commit and idle limit (for this transaction only, on
+        whichever server session runs it) and that session's name for fencing."""
         if self.pooling != "transaction":
             return
         row = connection.execute(
             f"SELECT set_config('lock_timeout', %s, true), "
-            f"set_config('synchronous_commit', {_DURABLE}, true), {_SERVER_ID}",
-            (self._lock_timeout_ms(),),
+            f"set_config('synchronous_commit', {_DURABLE}, true), "
+            f"set_config('idle_in_transaction_session_timeout', %s, true), {_SERVER_ID}",
+            (self._lock_timeout_ms(), str(idle_limit(self._lock_timeout))),
         ).fetchone()
         assert row is not None
-        self._servers[connection] = (int(row[2]), row[3], row[4])
+        self._servers[connection] = (int(row[3]), row[4], row[5], str(row[1]))
 
     def server_of(self, connection: psycopg.Connection[Any]) -> ServerSession | None:
         """The server's own name of ``connection``'s session (never libpq's backend pid,

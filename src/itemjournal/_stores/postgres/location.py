@@ -5,6 +5,11 @@ The URL goes to libpq as written, except for the store's own three parameters
 a location the store cannot use is refused before anything connects. The secrets of the
 URL never leave this module except inside the connection strings: what is shown is
 ``redact``'s copy.
+
+Every connection string also bounds how long a vanished server goes unnoticed
+(``PEER_BOUND``: TCP keepalives and ``tcp_user_timeout``, the owner session's own bound),
+unless the URL sets these itself: a connection made from it, whichever part of the store
+or the command line makes it, never waits hours on a dead peer.
 """
 
 from __future__ import annotations
@@ -17,11 +22,21 @@ from typing import Final
 from ..._model.errors import InvalidArgument
 from ..registry import redact
 
-__all__ = ["Location", "parse_location"]
+__all__ = ["PEER_BOUND", "PEER_BOUND_SECONDS", "Location", "parse_location"]
 
 _SCHEMES: Final = ("postgresql://", "postgres://")
 _OUR_PARAMETERS: Final = ("schema", "pool_size", "owner_url")
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# libpq's client-side bound on a vanished peer: the first probe after 5 s of silence, then
+# every 2 s, given up after 3 (or after 11 s of unacknowledged data): about 11 s.
+PEER_BOUND: Final = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "11000",
+}
+PEER_BOUND_SECONDS: Final = 11
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,8 +92,8 @@ def parse_location(url: str) -> Location:
             code="INVALID_ARGUMENT",
         )
     return Location(
-        conninfo=conninfo,
-        owner_conninfo=owner_conninfo,
+        conninfo=_bounded(conninfo),
+        owner_conninfo=_bounded(owner_conninfo),
         owner_url_given=owner_url is not None,
         schema=schema,
         pool_size=int(size_text),
@@ -102,3 +117,12 @@ def _split_query(url: str) -> tuple[str, dict[str, str]]:
         else:
             kept.append(piece)
     return urllib.parse.urlunsplit(parts._replace(query="&".join(kept))), ours
+
+
+def _bounded(conninfo: str) -> str:
+    """``conninfo`` with ``PEER_BOUND``'s parameters added where it names none of its own."""
+    parts = urllib.parse.urlsplit(conninfo)
+    given = {piece.partition("=")[0] for piece in parts.query.split("&") if piece}
+    added = [f"{name}={value}" for name, value in PEER_BOUND.items() if name not in given]
+    query = "&".join(filter(None, [parts.query, *added]))
+    return urllib.parse.urlunsplit(parts._replace(query=query))

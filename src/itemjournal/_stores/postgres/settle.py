@@ -3,9 +3,21 @@
 A connection lost while ``COMMIT`` was under way is neither success nor failure. The lost
 session is then *fenced*: ended, if it still runs, and waited for, so that its transaction
 is settled one way or the other. The row is read afresh on a connection of its own and
-compared with what was written: the same bytes, the write happened; the bytes from
-before, it did not; anything else, or no answer, is ``STORAGE_FAILED`` saying that the
-outcome is unknown. A write is never retried blindly.
+compared with what was written: the bytes from before, it did not happen; anything else
+but our bytes, or no answer, is ``STORAGE_FAILED`` saying that the outcome is unknown. A
+write is never retried blindly.
+
+Our bytes on the primary are not enough: a commit is acknowledged only with the
+durability its first try would have had. With synchronous standbys, a commit is written
+locally first and then waits for them; ending its session cancels that wait and leaves
+it committed on the primary alone, which a failover loses. So a session whose commit
+waits for a standby (``wait_event`` ``SyncRep``) is never ended, and our bytes count only
+once the standbys the server waits for (``synchronous_standby_names``: the first
+``num_sync`` in priority, or any ``num_sync``) report a flush (or, under
+``remote_apply``, a replay) position at or past the server's WAL position read after
+the session ended, which is past the commit's own record. Positions that cannot be read
+(a role without ``pg_read_all_stats``) or that do not get there in time leave the
+outcome unknown.
 
 The session is named as the server names it (``pg_backend_pid()`` and its
 ``backend_start``, and behind a transaction pooler the start of the transaction too),
@@ -14,6 +26,7 @@ never by libpq's backend pid, which a pooler invents.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Final
 
@@ -30,6 +43,9 @@ from .statements import column_bytes
 __all__ = ["Commits"]
 
 _FENCE_WAIT_MS: Final = 5000
+# ``[FIRST | ANY] num_sync ( names )``; a plain list (or ``*``) waits for one standby.
+_NUM_SYNC: Final = re.compile(r"\s*(?:(?:first|any)\s+)?(\d+)\s*\(", re.IGNORECASE)
+_WAITS_FOR_STANDBY: Final = "the commit is waiting for a synchronous standby"
 
 
 class Commits:
@@ -106,7 +122,7 @@ class Commits:
         since ours is over."""
         if server is None:
             return "the session that ran it is not known"
-        pid, started, transaction = server
+        pid, started, transaction, level = server
         try:
             # Through owner_url, when given, the fence and the re-read skip the pooler.
             with connect(
@@ -114,27 +130,65 @@ class Commits:
             ) as fresh:
                 deadline = time.monotonic() + _FENCE_WAIT_MS / 1000
                 while True:
-                    # backend_start tells that session from a later one given the same pid
+                    # backend_start tells that session from a later one given the same pid.
+                    # One whose commit waits for a standby is left to wait: ending it would
+                    # cut that wait short and leave the commit on the primary alone.
                     row = fresh.execute(
-                        "SELECT pg_terminate_backend(pid, %s) FROM pg_stat_activity "
-                        "WHERE pid = %s AND (%s::timestamptz IS NULL OR backend_start = %s) "
+                        "SELECT wait_event IS NOT DISTINCT FROM 'SyncRep', CASE WHEN "
+                        "wait_event IS DISTINCT FROM 'SyncRep' THEN pg_terminate_backend(pid, %s) "
+                        "END FROM pg_stat_activity WHERE pid = %s "
+                        "AND (%s::timestamptz IS NULL OR backend_start = %s) "
                         "AND (%s::timestamptz IS NULL OR xact_start = %s)",
                         (_FENCE_WAIT_MS, pid, started, started, transaction, transaction),
                     ).fetchone()
                     if row is None:
                         break  # that session is over: its transaction committed or never will
                     if time.monotonic() > deadline:
+                        if row[0]:
+                            return _WAITS_FOR_STANDBY
                         return "the session that ran it could not be ended"
                     time.sleep(0.05)
                 found = fresh.execute(
                     sql.SQL("SELECT document FROM {} WHERE digest = %s").format(self._records),
                     (digest,),
                 ).fetchone()
+                now = None if found is None else column_bytes(found[0])
+                if now == data:
+                    deadline = time.monotonic() + _FENCE_WAIT_MS / 1000
+                    return _replicated(fresh, level, deadline)
+                if now == before:
+                    return False
+                return "the record has changed since"
         except (psycopg.Error, StorageFailed) as error:
             return f"cannot read it again: {describe(error)}"
-        now = None if found is None else column_bytes(found[0])
-        if now == data:
+
+
+def _replicated(fresh: psycopg.Connection[Any], level: str, deadline: float) -> bool | str:
+    """True once the synchronous standbys the server waits for have everything written
+    before now (flushed, or under ``remote_apply`` replayed); otherwise why not."""
+    row = fresh.execute(
+        "SELECT current_setting('synchronous_standby_names'), pg_current_wal_insert_lsn()"
+    ).fetchone()
+    assert row is not None
+    names, target = str(row[0]).strip(), row[1]
+    if not names or level in ("off", "local"):
+        return True  # the commit waited for no standby: the primary's flush was all
+    wanted = _NUM_SYNC.match(names)
+    needed = int(wanted.group(1)) if wanted else 1
+    position = "replay_lsn" if level == "remote_apply" else "flush_lsn"
+    while True:
+        # The standbys the server waits for are ``sync`` (first in priority) or
+        # ``quorum`` (any of them); a position hidden from this role reads as NULL.
+        have = fresh.execute(
+            f"SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum') "
+            f"AND {position} >= %s::pg_lsn",
+            (target,),
+        ).fetchone()
+        if have is not None and int(have[0]) >= needed:
             return True
-        if now == before:
-            return False
-        return "the record has changed since"
+        if time.monotonic() > deadline:
+            return (
+                "it is on the primary, but no synchronous standby the server waits for "
+                "has confirmed it (their positions need pg_read_all_stats to be read)"
+            )
+        time.sleep(0.05)
