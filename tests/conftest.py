@@ -192,36 +192,93 @@ def separate_stores(store_kind: str) -> None:
 JournalFactory = Callable[..., Awaitable[Journal]]
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module with ``FACES = ("async", "sync")`` runs its journal tests on both faces
+    (``tests/_faces.py``)."""
+    faces = getattr(metafunc.module, "FACES", None)
+    if faces and "make_journal" in metafunc.fixturenames:
+        metafunc.parametrize("face", faces, indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The blocking face runs on one anyio backend: none of its calls runs on the event
+    loop, which only waits for the threads that make them."""
+    kept, dropped = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        both = params.get("face") == "sync" and params.get("anyio_backend") not in (None, "asyncio")
+        (dropped if both else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture
+def face(request: pytest.FixtureRequest) -> str:
+    """Which face of the journal ``make_journal`` opens: ``async`` unless the module asks
+    for both (``pytest_generate_tests``)."""
+    return str(getattr(request, "param", "async"))
+
+
 @pytest.fixture
 async def make_journal(
-    store_kind: str, request: pytest.FixtureRequest
+    store_kind: str, face: str, request: pytest.FixtureRequest
 ) -> AsyncIterator[JournalFactory]:
     """Open journals over the test's location; all are closed at the end.
 
     For the in-memory store, every journal is made over one ``MemoryStore``, so that they
     share records as journals opened on one location do; ``lock_timeout`` and
-    ``trust_shared_root`` mean nothing to it.
+    ``trust_shared_root`` mean nothing to it. On the blocking face (``face == "sync"``)
+    each is an ``itemjournal.sync.Journal`` seen through ``tests._faces.AsyncView``.
     """
     opened: list[Journal] = []
     shared = MemoryStore() if store_kind == "memory" else None
     location = None if shared is not None else str(request.getfixturevalue("location"))
 
     async def factory(**options: object) -> Journal:
+        if face == "sync":
+            return await _sync_journal(shared, location, options)
         if shared is not None:
-            unknown = set(options) - {"input_key", "lock_timeout", "trust_shared_root"}
-            assert not unknown, f"no such option: {sorted(unknown)}"
-            input_key = options.get("input_key")
-            assert input_key is None or isinstance(input_key, bytes)
-            journal = Journal(shared, input_key=input_key)
+            journal = Journal(shared, input_key=_memory_options(options))
         else:
             assert location is not None
             journal = await Journal.open(location, **options)  # type: ignore[arg-type]
         opened.append(journal)
         return journal
 
+    async def _sync_journal(
+        shared: MemoryStore | None, location: str | None, options: dict[str, object]
+    ) -> Journal:
+        import functools
+
+        import anyio.to_thread
+        from _faces import AsyncView
+
+        from itemjournal import sync
+
+        if shared is not None:
+            made = sync.Journal(shared, input_key=_memory_options(options))
+        else:
+            assert location is not None
+            made = await anyio.to_thread.run_sync(
+                functools.partial(sync.Journal.open, location, **options)  # type: ignore[arg-type]
+            )
+        journal: Journal = AsyncView(made)  # type: ignore[assignment]
+        opened.append(journal)
+        return journal
+
     yield factory
     for journal in opened:
         await journal.aclose()
+
+
+def _memory_options(options: dict[str, object]) -> bytes | None:
+    """The one option a journal over a ``MemoryStore`` takes: its ``input_key``."""
+    unknown = set(options) - {"input_key", "lock_timeout", "trust_shared_root"}
+    assert not unknown, f"no such option: {sorted(unknown)}"
+    input_key = options.get("input_key")
+    assert input_key is None or isinstance(input_key, bytes)
+    return input_key
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from itemjournal import (
 )
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 DEFINITION = definition_digest("attempt-types-v1")
 

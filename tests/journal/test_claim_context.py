@@ -18,6 +18,8 @@ from itemjournal import (
 )
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 INPUTS = {"order": "A-1001", "amount": "12.50"}
 DEFINITION = definition_digest("billing-v1")

@@ -23,6 +23,8 @@ from itemjournal import (
 )
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 ITEM = ("shop", "billing", "charge", "order-1")
 INPUTS = {"amount_cents": 1250, "currency": "EUR"}

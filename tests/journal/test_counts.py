@@ -32,6 +32,8 @@ from itemjournal._stores.files.store import FileStore
 from itemjournal._stores.memory import MemoryStore
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 DEFINITION = definition_digest("counts-v1")
 

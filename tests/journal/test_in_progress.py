@@ -36,6 +36,8 @@ from itemjournal._stores.owners import GONE_REBOOTED, boot_log_path
 from itemjournal._stores.seam import Step
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 DEFINITION = definition_digest("in-progress-v1")
 INPUTS = {"order": "A-1", "cents": 1250}

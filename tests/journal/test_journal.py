@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from conftest import JournalFactory
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 ITEM = ("shop", "billing", "charge", "order-1")
 INPUTS = {"amount": "10.00", "currency": "EUR"}

@@ -44,6 +44,8 @@ from itemjournal._model.identity import identity_digest
 from itemjournal._stores.files.locks import try_lock_record
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 DEFINITION = definition_digest("hardening-v1")
 INPUTS = {"n": "1"}

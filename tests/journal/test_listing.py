@@ -27,6 +27,8 @@ from itemjournal import (
 from itemjournal._model.identity import identity_digest
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 DEFINITION = definition_digest("listing-v1")
 INPUTS = {"n": 1}

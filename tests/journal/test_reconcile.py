@@ -39,6 +39,8 @@ from itemjournal._journal.reconcile import resolution_note
 from itemjournal._model.identity import identity_digest
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 DEFINITION = definition_digest("reconcile-tests-v1")
 INPUTS = {"amount": 1250}

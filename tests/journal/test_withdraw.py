@@ -29,6 +29,8 @@ from itemjournal import (
 from itemjournal._model.records import MAX_NOTE_CHARS
 
 pytestmark = pytest.mark.anyio
+# The contract holds on both faces of the journal (tests/_faces.py).
+FACES = ("async", "sync")
 
 INPUTS = {"order": "A-1001", "amount": "12.50"}
 DEFINITION = definition_digest("billing-v1")

@@ -18,6 +18,7 @@ from .._journal.arguments import (
     definition_hashes,
     is_async,
 )
+from .._journal.faces import ASYNC
 from .._journal.journal import Journal
 from .._model.errors import InvalidArgument
 from .._model.identity import (
@@ -178,9 +179,16 @@ class Once:
     def __call__(
         self, func: Callable[P, Awaitable[str | tuple[str, str | None]]]
     ) -> Callable[P, Coroutine[Any, Any, str | tuple[str, str | None]]]:
-        if not is_async(func):
+        if ASYNC and not is_async(func):
             raise InvalidArgument(
-                f"once() decorates an async def function; {_name(func)} is not one",
+                f"once() decorates an async def function; {_name(func)} is not one (plain "
+                "functions take itemjournal.sync.once)",
+                code="INVALID_ARGUMENT",
+            )
+        if not ASYNC and is_async(func):
+            raise InvalidArgument(
+                f"itemjournal.sync.once decorates a plain function; {_name(func)} is an async "
+                "def (it takes itemjournal.once)",
                 code="INVALID_ARGUMENT",
             )
         shape = _declared_shape(func)

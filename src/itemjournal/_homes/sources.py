@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import TypeAlias
 
+from .._journal.faces import ASYNC
 from .._journal.journal import Journal
 from .._model.errors import InvalidArgument
 
@@ -19,7 +20,7 @@ async def journal_of(source: JournalSource, given_to: str) -> Journal:
     if isinstance(source, Journal):
         return source
     value = source()
-    if inspect.isawaitable(value):
+    if ASYNC and inspect.isawaitable(value):
         value = await value
     if not isinstance(value, Journal):
         raise InvalidArgument(

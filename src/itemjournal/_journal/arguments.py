@@ -191,6 +191,12 @@ async def definition_hashes(forms: Definitions) -> tuple[str, frozenset[str]]:
     return digests[0], frozenset(digests[1:])
 
 
+def definition_hashes_blocking(forms: Definitions) -> tuple[str, frozenset[str]]:
+    """``definition_hashes`` for blocking code: the sources are read in the caller's thread."""
+    digests = _digests(forms)
+    return digests[0], frozenset(digests[1:])
+
+
 def _digests(forms: Definitions) -> tuple[str, ...]:
     digests = []
     for index, form in enumerate(forms):

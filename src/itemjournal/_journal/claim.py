@@ -15,7 +15,6 @@ other.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Literal, Protocol
@@ -26,12 +25,13 @@ from .._model import machine
 from .._model.conflicts import ConflictError, UnresolvedClaim
 from .._model.errors import InvalidArgument
 from .._model.identity import DefinitionLike, Identity, IdentityLike, InputValue, coerce_identity
-from .._model.records import MAX_NOTE_CHARS, Record, utc_now
+from .._model.records import Record, utc_now
 from .._model.view import Claim, RecordView, Reuse
 from .._model.withdrawal import Withdraw, fit_note
 from .._stores.seam import Step
 from .arguments import check_note
 from .decisions import refusing, view_of
+from .reasons import block_reason
 from .runner import Runner, to_the_end
 from .withdrawal import NOT_YET, Preparing, withdraw_on_exit
 
@@ -216,7 +216,11 @@ class ClaimContext:
             return await withdraw_on_exit(self._journal, attempt, exc, fit_note(exc.reason))
         claim = attempt.claim
         ident = coerce_identity(claim.identity)
-        reason = "block ended without complete or mark_review" if exc is None else _reason(exc)
+        reason = (
+            "block ended without complete or mark_review"
+            if exc is None
+            else block_reason(exc, anyio.get_cancelled_exc_class())
+        )
         written: list[Record] = []
 
         alive = self._runner.store.owner_alive
@@ -298,57 +302,3 @@ class ClaimContext:
                 view=error.view,
             ) from error
         raise error
-
-
-# anyio's message on asyncio: "Cancelled via cancel scope <id>[ by <task>][; reason: <r>]".
-_ANYIO_CANCEL = re.compile(
-    r"Cancelled via cancel scope [0-9a-f]+(?: by <.*?>)?(?:; reason: (?P<reason>.*))?", re.DOTALL
-)
-
-
-def _reason(exc: BaseException) -> str:
-    """A review reason naming the exception: its type and message, made to fit a note.
-
-    An operator must tell "timed out before sending" from "after": the message matters.
-    A cancellation says "block cancelled" and, when its canceller gave one, the reason:
-    the backends' own words carry task reprs and addresses, which tell an operator nothing.
-    Lone surrogates are replaced and the text is cut to the note limit, so the record
-    always reads back.
-    """
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
-        given = _cancel_reason(exc)
-        text = f"block cancelled: {given}" if given else "block cancelled"
-    else:
-        try:
-            message = str(exc)
-        except Exception:  # a broken __str__ must not stop the record being marked
-            message = "(its message cannot be shown)"
-        text = f"block raised {type(exc).__name__}"
-        if message.strip():
-            text = f"{text}: {message}"
-    text = text.encode("utf-8", "replace").decode("utf-8")
-    if len(text) > MAX_NOTE_CHARS:
-        text = text[: MAX_NOTE_CHARS - 1] + "\u2026"
-    return text
-
-
-def _cancel_reason(exc: BaseException) -> str | None:
-    """The reason a cancellation's canceller gave (a passed deadline says so), if any.
-
-    trio's ``Cancelled`` carries it as ``reason`` and ``source``; on asyncio it is the
-    message of ``task.cancel(msg)``, which anyio's cancel scopes fill with their own id and
-    the cancelling task's repr before the reason.
-    """
-    if type(exc).__module__.partition(".")[0] == "trio":
-        reason = getattr(exc, "reason", None)
-        if isinstance(reason, str) and reason.strip():
-            return reason
-        return "deadline exceeded" if getattr(exc, "source", None) == "deadline" else None
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not stop the record being marked
-        return None
-    anyio_words = _ANYIO_CANCEL.fullmatch(message)
-    if anyio_words is not None:
-        message = anyio_words["reason"] or ""
-    return message if message.strip() else None

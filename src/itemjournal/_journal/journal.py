@@ -51,12 +51,13 @@ from .decisions import (
     resolve_step,
     withdraw_step,
 )
+from .faces import ASYNC, require_blocking
 from .maintenance import Filters, Maintenance
 from .observe import NO_SPAN, JournalStatistics, Observer, Span, Tracing
 from .opening import locate_store, require_input_kind
 from .reconcile import reconcile_observed
 from .runner import Runner
-from .turns import wait_while_in_progress
+from .waiting import wait_while_in_progress
 
 __all__ = ["Journal"]
 
@@ -69,6 +70,8 @@ class Journal:
     """
 
     def __init__(self, store: Store, *, input_key: bytes | None = None) -> None:
+        if not ASYNC:
+            require_blocking(store)
         self._store = store
         self._digester = InputDigester(input_key)
         self._observer = Observer()

@@ -22,6 +22,7 @@ from .._model.view import PruneReport, RecordView, SweepReport
 from .._stores.threads import run_in_thread
 from .arguments import check_after, check_dry_run, check_status
 from .decisions import Liveness, prune_step, sweep_step, view_of
+from .faces import ASYNC
 from .runner import Runner
 
 __all__ = ["INPUT_KIND", "Filters", "Maintenance"]
@@ -95,6 +96,8 @@ class Maintenance:
             for value, what in ((scope, "scope"), (program, "program"), (job, "job"))
         )
         check_after(after)
+        if ASYNC:
+            self._runner.guard.check()
         alive = self._store.owner_alive
         batch: list[Record] = []
         # The store starts after ``after`` itself: a page deep in a large journal reads
@@ -130,6 +133,8 @@ class Maintenance:
             yield view
 
     async def counts(self) -> dict[str, int]:
+        if ASYNC:
+            self._runner.guard.check()
         counted = dict.fromkeys((*STATUSES, "invalid"), 0)
         async with contextlib.aclosing(self._store.scan()) as items:
             async for item in items:
@@ -145,6 +150,8 @@ class Maintenance:
                 "older_than is a positive datetime.timedelta", code="INVALID_ARGUMENT"
             )
         check_dry_run(dry_run)
+        if ASYNC:
+            self._runner.guard.check()
         now = datetime.now(UTC)
         cutoff = now - older_than
         observer = self._runner.observer
@@ -235,6 +242,8 @@ class Maintenance:
             return problems
 
     async def _verify(self, input_kind: str) -> tuple[str, ...]:
+        if ASYNC:
+            self._runner.guard.check()
         problems: list[str] = []
         kind = await self._store.setting(INPUT_KIND, input_kind)
         async with contextlib.aclosing(self._store.scan()) as items:
@@ -270,6 +279,8 @@ class Maintenance:
         return report
 
     async def _sweep(self) -> SweepReport:
+        if ASYNC:
+            self._runner.guard.check()
         alive = self._store.owner_alive
         why = self._store.gone_reason
         marked: list[RecordView] = []

@@ -13,6 +13,7 @@ from .._stores.registry import open_store
 from .._stores.seam import Store
 from .._stores.threads import run_in_thread
 from .arguments import check_open
+from .faces import ASYNC, blocking
 from .maintenance import INPUT_KIND
 
 
@@ -21,11 +22,14 @@ async def locate_store(
 ) -> Store:
     """The store for ``location``, made but not opened yet."""
     text, timeout = check_open(location, lock_timeout, trust_shared_root)
-    return await run_in_thread(
+    store = await run_in_thread(
         functools.partial(
             open_store, text, lock_timeout=timeout, trust_shared_root=trust_shared_root
         )
     )
+    if ASYNC:
+        return store
+    return blocking(store)
 
 
 async def require_input_kind(store: Store, kind: str) -> None:

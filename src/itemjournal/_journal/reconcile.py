@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import AsyncGenerator, Callable
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
@@ -37,6 +39,7 @@ from .._model.verdicts import (
 )
 from .._model.view import RecordView
 from .arguments import is_async
+from .faces import ASYNC, awaited
 from .observe import Observer, Span
 
 __all__ = ["Reconcilable", "reconcile", "reconcile_observed", "resolution_note"]
@@ -126,7 +129,7 @@ async def reconcile(
 ) -> ReconcileReport:
     """Ask ``check`` what happened to each ``needs_review`` record; settle what it knows.
 
-    ``check(view)`` (an ``async def``; a plain function runs in a worker thread) gets
+    ``check(view)`` (an ``async def``, or a plain function, run in a worker thread) gets
     each matching record's ``RecordView`` and answers with a verdict:
 
     - ``Happened(receipt, result=None, note=None)``: resolved ``succeeded`` with the receipt;
@@ -187,7 +190,8 @@ async def reconcile(
             check_label(value, what)
 
     name = _check_name(check)
-    asynchronous = is_async(check)
+    if ASYNC:
+        asynchronous = is_async(check)
     happened: list[RecordView] = []
     did_not_happen: list[RecordView] = []
     unknown: list[RecordView] = []
@@ -197,17 +201,20 @@ async def reconcile(
     verdicts: dict[str, Verdict] = {}
 
     async def ask(view: RecordView) -> object:
-        if asynchronous:
-            answer: object = check(view)
-        else:
+        if ASYNC and not asynchronous:
             # A plain function may block (an HTTP client, say): never on the event loop.
             # It only reads, so a cancellation need not wait for it.
-            answer = await anyio.to_thread.run_sync(check, view, abandon_on_cancel=True)
+            answer: object = await anyio.to_thread.run_sync(check, view, abandon_on_cancel=True)
+        else:
+            answer = check(view)
         if inspect.isawaitable(answer):
-            answer = await answer
+            if ASYNC:
+                answer = await answer
+            else:  # an async check, called from blocking code: on an event loop of its own
+                answer = anyio.run(awaited, answer)
         return answer
 
-    async def settle(view: RecordView, slot: anyio.Semaphore) -> None:
+    async def settle(view: RecordView, slot: anyio.Semaphore | threading.Semaphore) -> None:
         try:
             try:
                 verdict = await ask(view)
@@ -251,10 +258,10 @@ async def reconcile(
             if progress is not None:
                 progress(view)
 
-    slots = anyio.Semaphore(limit)
-    # The listing is closed as soon as it ends; the task group then waits for the checks.
+    slots = anyio.Semaphore(limit) if ASYNC else threading.Semaphore(limit)
+    # The listing is closed as soon as it ends; the checks are then waited for.
     async with (
-        anyio.create_task_group() as group,
+        _checks(limit) as start,
         contextlib.aclosing(
             journal.records("needs_review", scope=scope, program=program, job=job, problems=True)
         ) as items,
@@ -264,7 +271,7 @@ async def reconcile(
                 problems.append(item)
                 continue
             await slots.acquire()
-            group.start_soon(settle, item, slots)
+            start(settle, item, slots)
 
     def by_key(view: RecordView) -> str:
         return view.key
@@ -279,6 +286,19 @@ async def reconcile(
         dry_run=dry_run,
         verdicts=MappingProxyType(dict(sorted(verdicts.items()))),
     )
+
+
+@contextlib.asynccontextmanager
+async def _checks(limit: int) -> AsyncIterator[Callable[..., object]]:
+    """Where the checks run, as many at once as ``limit`` lets the caller start: tasks of
+    a task group, or, for blocking code, a pool of threads (a check may block on a
+    provider). Leaving waits for every check started."""
+    if ASYNC:
+        async with anyio.create_task_group() as group:
+            yield group.start_soon
+    else:
+        with ThreadPoolExecutor(limit, thread_name_prefix="itemjournal reconcile") as pool:
+            yield pool.submit
 
 
 async def reconcile_observed(

@@ -23,6 +23,7 @@ from .._model.records import Record
 from .._model.view import Claim, RecordView, Reuse
 from .._stores.seam import Step, Store
 from .decisions import BeginSteps, view_of
+from .faces import ASYNC, LoopGuard
 from .observe import Observer, Span
 from .turns import Turns
 
@@ -46,6 +47,8 @@ class Runner:
         # The journal's own: itemjournal.otel may instrument the journal at any time.
         self.span = span
         self.turns = Turns()
+        if ASYNC:
+            self.guard = LoopGuard()
 
     async def apply_view(
         self,
@@ -103,6 +106,8 @@ class Runner:
         Every write is logged and counted here, under ``operation``'s name, once the store
         acknowledged it: only then did it happen.
         """
+        if ASYNC:
+            self.guard.check()
         left_started: list[bool] = []  # a write took the record out of ``started``
 
         def watched(
@@ -161,6 +166,8 @@ class Runner:
 
     async def inspect(self, identity: Identity) -> RecordView:
         """The record as it is now, read without a turn (a read takes no lock)."""
+        if ASYNC:
+            self.guard.check()
         alive = self.store.owner_alive
         with self.span("inspect", identity) as span:
             try:

@@ -1,31 +1,24 @@
-"""Per-identity turn-taking, and waiting for a claim to settle (``wait=``).
+"""Per-identity turn-taking, and the events that wake a wait for a claim to settle.
 
 Operations on one identity run one at a time within a journal; operations on different
-identities run in parallel. A ``begin(..., wait=seconds)`` that meets a claim in progress
-waits for it to leave ``started``: woken by an event when this journal granted the claim,
-polling with lengthening pauses when another process (or journal) holds it. Kept apart
-from the operations because it is bookkeeping of tasks, not of records: nothing here
-reads or writes the store.
+identities run in parallel. A ``begin(..., wait=seconds)`` that meets a claim this
+journal granted is woken by an event when it settles (``waiting``). Kept apart from the
+operations because it is bookkeeping of tasks, not of records: nothing here reads or
+writes the store. The blocking face's twin, for threads, is ``_sync/turns.py``.
 """
 
 from __future__ import annotations
 
-import random
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import anyio
 
-from .._model.conflicts import ConflictError
 from .._model.identity import Identity
 
-__all__ = ["Turns", "wait_while_in_progress"]
+__all__ = ["FIRST_POLL", "LAST_POLL", "Turns"]
 
-T = TypeVar("T")
-
-_FIRST_POLL = 0.01  # seconds: the first pause of a waiter polling another process's claim
-_LAST_POLL = 1.0  # the longest pause (and how often a waiter on our own claim re-checks)
+FIRST_POLL = 0.01  # seconds: the first pause of a waiter polling another process's claim
+LAST_POLL = 1.0  # the longest pause (and how often a waiter on our own claim re-checks)
 
 
 class Turns:
@@ -93,31 +86,3 @@ class Turns:
         event = self.live.pop(identity, None)
         if event is not None:
             event.set()
-
-
-async def wait_while_in_progress(
-    turns: Turns, identity: Identity, attempt: Callable[[], Awaitable[T]], limit: float
-) -> T:
-    """``attempt()``, again and again while it is refused ``IN_PROGRESS``, for at most
-    ``limit`` seconds; then the last refusal goes on."""
-    deadline = anyio.current_time() + limit
-    delay = _FIRST_POLL
-    while True:
-        try:
-            return await attempt()
-        except ConflictError as refusal:
-            if refusal.code != "IN_PROGRESS":
-                raise
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
-                raise
-        # Our own claim: its settlement sets an event. Another process's (or another
-        # journal's): poll, with jittered, lengthening pauses.
-        settled = turns.settled_event(identity)
-        pause = min(remaining, delay * (0.5 + random.random() / 2))
-        if settled is not None:
-            with anyio.move_on_after(min(remaining, _LAST_POLL)):
-                await settled.wait()
-        else:
-            await anyio.sleep(pause)
-            delay = min(delay * 1.5, _LAST_POLL)

@@ -20,7 +20,7 @@ from .._model.conflicts import ConflictError
 from .._model.errors import InvalidArgument
 from .._model.records import Record
 from .._model.view import Claim, RecordView
-from .._model.withdrawal import Withdraw, fit_note
+from .reasons import preparing_reason
 from .runner import to_the_end
 
 __all__ = ["Preparable", "Preparing", "WithdrawingJournal", "withdraw_on_exit"]
@@ -97,7 +97,8 @@ class Preparing:
         attempt._preparing = PAST
         if exc is None or attempt.settled:  # completed inside, say: the receipt stands
             return False
-        return await withdraw_on_exit(self._journal, attempt, exc, _reason(exc))
+        reason = preparing_reason(exc, anyio.get_cancelled_exc_class())
+        return await withdraw_on_exit(self._journal, attempt, exc, reason)
 
 
 async def withdraw_on_exit(
@@ -131,20 +132,3 @@ async def withdraw_on_exit(
     if cancelled is not None:
         raise cancelled
     return False
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a preparation ended: a ``Withdraw``'s own reason, "cancelled while preparing",
-    or the exception's type and message, made to fit a note."""
-    if isinstance(exc, Withdraw):
-        return fit_note(exc.reason)
-    if isinstance(exc, anyio.get_cancelled_exc_class()):
-        return "cancelled while preparing"  # never a task's repr or an address
-    try:
-        message = str(exc)
-    except Exception:  # a broken __str__ must not stop the withdrawal
-        message = "(its message cannot be shown)"
-    text = f"preparing raised {type(exc).__name__}"
-    if message.strip():
-        text = f"{text}: {message}"
-    return fit_note(text)

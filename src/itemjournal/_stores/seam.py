@@ -10,7 +10,7 @@ the step if it lost a race. A step may raise to refuse; then nothing is written.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, Protocol, TypeVar
@@ -19,7 +19,7 @@ from .._model.errors import RecordInvalid, StorageFailed
 from .._model.identity import Identity
 from .._model.records import Owner, Record
 
-__all__ = ["Step", "StepFunction", "Store", "Tally"]
+__all__ = ["BlockingStore", "Step", "StepFunction", "Store", "Tally"]
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -138,4 +138,44 @@ class Store(Protocol):
 
     async def aclose(self) -> None:
         """Refuse new calls, wait for the calls under way, then release what is held."""
+        ...
+
+
+class BlockingStore(Store, Protocol):
+    """A store's blocking face, for ``itemjournal.sync``: each call does what the awaited
+    call of the same name (without ``_blocking``) does, in the caller's thread.
+
+    Any number of threads may call at once, beside the store's awaited calls (in this
+    process or others: the same locks exclude them). No event loop is involved and none
+    is started; a call waits (for a record lock, another process's write lock, a batch's
+    commit) by blocking its thread, for at most the store's lock timeout. A
+    ``KeyboardInterrupt`` (the only interruption a thread gets) leaves what a crash of
+    the call at that moment would: a write is whole or absent, never torn; a call still
+    waiting for its turn (a lock, a batch) started nothing; one whose write was under way
+    may have written, and the journal above checks the record again. In a forked child
+    the store works as if opened there: it uses no lock, connection, thread or file
+    position it inherited.
+    """
+
+    def open_blocking(self) -> None: ...
+
+    def setting_blocking(self, name: str, value: str) -> str: ...
+
+    def apply_blocking(self, identity: Identity, step: StepFunction[T]) -> T: ...
+
+    def peek_blocking(self, identity: Identity, view: Callable[[Record | None], T]) -> T: ...
+
+    def scan_blocking(
+        self, *, status: str | None = None, after: str | None = None
+    ) -> Generator[Record | RecordInvalid | StorageFailed, None, None]: ...
+
+    def tally_blocking(self) -> Tally | None: ...
+
+    def check_blocking(self) -> list[str]: ...
+
+    def ages_blocking(self, identities: Sequence[Identity]) -> list[timedelta | None]: ...
+
+    def close_blocking(self) -> None:
+        """Refuse new calls, wait for the calls under way (blocking or awaited), then
+        release what is held. Closing twice is harmless."""
         ...

@@ -12,9 +12,11 @@ that waits for it unseen.
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -121,6 +123,8 @@ class Trips:
 
     __slots__ = (
         "_at_once",
+        "_blocking",
+        "_blocking_idle",
         "_idle",
         "_in_flight",
         "_owner",
@@ -141,6 +145,9 @@ class Trips:
         self._at_once = at_once
         self._turn_timeout = turn_timeout
         self._turns = None if at_once is None else _Turns(at_once)
+        # Blocking calls (``itemjournal.sync``) under way, in their callers' threads.
+        self._blocking = 0
+        self._blocking_idle = threading.Condition(threading.Lock())
 
     def check_open(self) -> None:
         if self.closed:
@@ -187,8 +194,44 @@ class Trips:
                 errno=errno.ETIMEDOUT,
             )
 
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Count one blocking call (made in its caller's thread) for as long as it runs;
+        refused, like ``run``, once ``close`` has begun."""
+        with self._blocking_idle:
+            self.check_open()
+            self._blocking += 1
+        try:
+            yield
+        finally:
+            with self._blocking_idle:
+                self._blocking -= 1
+                if not self._blocking:
+                    self._blocking_idle.notify_all()
+
+    def close_blocking(self) -> None:
+        """``close`` for a caller without an event loop: refuse new calls, then wait for
+        the blocking calls under way, and for the awaited trips (which end by themselves:
+        they are polled, as nothing of another event loop can wake this thread)."""
+        with self._blocking_idle:
+            self.closed = True
+            while self._blocking:
+                self._blocking_idle.wait()
+        delay = 0.0005
+        while self._in_flight:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
     async def close(self) -> None:
+        # Under the blocking calls' lock, so that a call counted from now on is refused;
+        # taken without blocking the event loop (it is held only for a count's change).
+        while not self._blocking_idle.acquire(blocking=False):
+            await anyio.lowlevel.checkpoint()
         self.closed = True
+        self._blocking_idle.release()
+        if self._blocking:  # blocking calls under way, in other threads: wait in a thread
+            with anyio.CancelScope(shield=True):
+                await run_in_thread(self._wait_blocking)
         if not self._in_flight:
             await anyio.lowlevel.checkpoint()
             return
@@ -204,6 +247,11 @@ class Trips:
                     cancelled = error
         if cancelled is not None:
             raise cancelled
+
+    def _wait_blocking(self) -> None:
+        with self._blocking_idle:
+            while self._blocking:
+                self._blocking_idle.wait()
 
 
 class _Turns:
