@@ -42,6 +42,7 @@ lint: $(BIN)/.installed
 	$(BIN)/mypy --strict tests/typing/narrowing.py
 	$(BIN)/pyright tests/typing/narrowing.py
 	$(BIN)/python tools/check_layout.py
+	$(BIN)/python tools/async_to_sync.py --check
 
 # Workers for `make test` (pytest-xdist; 0 runs the suite in one process).
 TEST_WORKERS ?= 2

@@ -130,6 +130,16 @@ def postgres_schema() -> Iterator[str]:
             connection.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
+# A test that takes one of these makes its journals over a ``MemoryStore`` itself when
+# ``store_kind`` is "memory" (``memory_ok`` says so for a test that needs nothing else).
+_MEMORY_FIXTURES = {"make_journal", "open_sync", "memory_ok"}
+
+
+@pytest.fixture
+def memory_ok() -> None:
+    """Taken by a test that handles ``store_kind == "memory"`` itself (see ``store_kind``)."""
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store_kind(request: pytest.FixtureRequest) -> str:
     """Which store the conformance tests run on (every test using ``journal``).
@@ -139,7 +149,7 @@ def store_kind(request: pytest.FixtureRequest) -> str:
     of its own is skipped for it. The PostgreSQL store runs where a server is given.
     """
     kind = str(request.param)
-    if kind == "memory" and "make_journal" not in request.fixturenames:
+    if kind == "memory" and not _MEMORY_FIXTURES & set(request.fixturenames):
         pytest.skip("an in-memory store has no location")
     if kind == "postgres":
         postgres_url()

@@ -24,6 +24,7 @@ from itemjournal import (
     StorageFailed,
     Unknown,
     definition_digest,
+    sync,
 )
 
 CHARGE = definition_digest("charge-v1")
@@ -117,3 +118,46 @@ async def reconciling(journal: Journal) -> None:
         await journal.reconcile(check, scope="shop")
     wrong: Check = not_a_verdict  # type: ignore[assignment]
     await journal.reconcile(wrong)
+
+
+# ---------------------------------------------------------------------------- the blocking face
+
+
+def the_receipt_blocking(journal: sync.Journal, order_id: str) -> str:
+    """The same block on ``itemjournal.sync``: the attempts narrow exactly as the async ones."""
+    with journal.claim(("shop", "billing", "charge", order_id), {}, CHARGE) as attempt:
+        assert_type(attempt, sync.ReusedAttempt | sync.ClaimedAttempt)
+        if isinstance(attempt, sync.ReusedAttempt):
+            assert_type(attempt.receipt, str)
+            return attempt.receipt
+        assert_type(attempt, sync.ClaimedAttempt)
+        assert_type(attempt.claim, Claim)
+        view = attempt.complete(f"ch_{order_id}")
+        assert_type(view, RecordView)
+        return f"ch_{order_id}"
+
+
+def by_the_flag_blocking(journal: sync.Journal) -> str:
+    with journal.claim(("s", "p", "j", "i"), {}, CHARGE) as attempt:
+        if attempt.reused is True:
+            assert_type(attempt, sync.ReusedAttempt)
+            return attempt.receipt
+        assert_type(attempt, sync.ClaimedAttempt)
+        return "r-1"
+
+
+def listing_blocking(journal: sync.Journal) -> list[str]:
+    """``records`` is an iterator of views; with ``problems=True`` the errors come too."""
+    keys = [view.key for view in journal.records("needs_review")]
+    for item in journal.records(problems=True):
+        assert_type(item, RecordView | RecordInvalid | StorageFailed)
+    return keys
+
+
+def once_blocking(journal: sync.Journal) -> str:
+    @sync.once(journal, identity=("s", "p", "j", "i"))
+    def charge() -> str:
+        return "ch_1"
+
+    assert_type(charge(), str)
+    return charge()
