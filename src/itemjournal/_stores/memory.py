@@ -14,14 +14,17 @@ process (``/proc``), or when this process has not been named yet (its boot log).
 step is stopped before it decides anything and run again in a worker thread, where it
 may read them; a step is a pure function of the record it is given, so running it again
 changes nothing. A lock per identity, held for a read-step-write, keeps such a worker
-trip and the steps on the loop apart for that identity.
+trip and the steps on the loop apart for that identity, and the blocking face's calls
+(``memory_blocking``), which run steps in their callers' threads.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import secrets
 import threading
+import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -33,6 +36,8 @@ from .._model.codec import decode_record, encode_record
 from .._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from .._model.identity import Identity, IdentityLike, coerce_identity, identity_digest
 from .._model.records import STATUSES, Owner, Record
+from .files.settings import check_setting_text
+from .memory_blocking import MemoryBlockingFace, check_batch
 from .owners import ProcessOwners, known_own_owner
 from .seam import Step, StepFunction, Tally
 from .threads import Trips
@@ -49,7 +54,7 @@ class _ReadsFiles(Exception):
 _IN_A_THREAD = object()  # what ``_here`` answers for a step that must run in a thread
 
 
-class MemoryStore(ProcessOwners):
+class MemoryStore(MemoryBlockingFace, ProcessOwners):
     """Record documents held in memory, for the unit tests of code that uses a journal.
 
     ``Journal(MemoryStore())`` is ready at once: no directory, no database, no
@@ -74,10 +79,12 @@ class MemoryStore(ProcessOwners):
         # write or ``put_document`` stores a new one). ``tally`` reads only what changed.
         self._told: dict[str, tuple[bytes, str | None]] = {}
         # One lock per identity ever written, held for the whole read-step-write (on the
-        # loop, or in a worker trip). The dicts need no lock of their own: each touch of
-        # them is one dict operation, atomic in Python, so that nothing running on the
-        # event loop ever waits for a worker thread.
+        # loop, in a worker trip, or in a blocking caller's thread). The dicts need no lock
+        # of their own: each touch of them is one dict operation, atomic in Python, so
+        # that nothing running on the event loop ever waits for a worker thread. A forked
+        # child starts with none (``_forget_locks_in_child``).
         self._identity_locks: dict[str, threading.Lock] = {}
+        _STORES.add(self)
         self._trips = Trips(self)  # worker trips under way; closing waits for them
         # Set in the thread that runs a step on its event loop, for as long as it does:
         # then an owner question that reads files stops the step (``_ReadsFiles``).
@@ -116,12 +123,7 @@ class MemoryStore(ProcessOwners):
 
     async def setting(self, name: str, value: str) -> str:
         """The store's recorded value of ``name``; records ``value`` first if none is."""
-        for what, text in (("name", name), ("value", value)):
-            if not isinstance(text, str) or (what == "name" and not text):
-                raise InvalidArgument(
-                    f"a setting's {what} is a non-empty string, not {text!r}",
-                    code="INVALID_ARGUMENT",
-                )
+        check_setting_text(name, value)
         await anyio.lowlevel.checkpoint()
         self._check_open()
         return self._settings.setdefault(name, value)
@@ -201,10 +203,7 @@ class MemoryStore(ProcessOwners):
         read. A document that cannot be read strictly comes as ``RecordInvalid``, whatever
         ``status`` asks.
         """
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-            raise InvalidArgument(
-                f"a scan's batch is a positive integer, not {batch!r}", code="INVALID_ARGUMENT"
-            )
+        check_batch(batch)
         await anyio.lowlevel.checkpoint()
         self._check_open()
         digests = self._digests_sync(after)
@@ -318,7 +317,8 @@ class MemoryStore(ProcessOwners):
                 told = (data, status)
                 self._told[digest] = told
             counted["invalid" if told[1] is None else told[1]] += 1
-        for digest in [digest for digest in self._told if digest not in self._documents]:
+        # A copy of the keys first: writes in other threads change ``_told`` meanwhile.
+        for digest in [digest for digest in list(self._told) if digest not in self._documents]:
             self._told.pop(digest, None)
         return counted
 
@@ -338,3 +338,17 @@ class MemoryStore(ProcessOwners):
             if status is None or record.status == status:
                 page.append(record)
         return page
+
+
+_STORES: weakref.WeakSet[MemoryStore] = weakref.WeakSet()
+
+
+def _forget_locks_in_child() -> None:
+    """In a forked child, new identity locks: one held at the fork by another of the
+    parent's threads (a step under way there) would never be released here, as that
+    thread does not exist in the child. The child's records are those of the fork."""
+    for store in list(_STORES):
+        store._identity_locks = {}
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
@@ -122,6 +124,7 @@ class Trips:
     """
 
     __slots__ = (
+        "__weakref__",
         "_at_once",
         "_blocking",
         "_blocking_idle",
@@ -148,6 +151,18 @@ class Trips:
         # Blocking calls (``itemjournal.sync``) under way, in their callers' threads.
         self._blocking = 0
         self._blocking_idle = threading.Condition(threading.Lock())
+        _ALL.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: the calls under way were the parent's, in threads and on an
+        event loop the child does not have; it starts with none, and with locks of its own
+        (one held by a parent's thread at the fork would never be released here)."""
+        self._blocking = 0
+        self._blocking_idle = threading.Condition(threading.Lock())
+        self._in_flight = 0
+        self._idle = None
+        if self._at_once is not None:
+            self._turns = _Turns(self._at_once)
 
     def check_open(self) -> None:
         if self.closed:
@@ -295,3 +310,15 @@ class _Turns:
             self.waiting.popleft().set()
         else:
             self.free += 1
+
+
+# Every store's trips, so that a forked child starts each with none under way.
+_ALL: weakref.WeakSet[Trips] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for trips in list(_ALL):
+        trips._forked()
+
+
+os.register_at_fork(after_in_child=_forked)

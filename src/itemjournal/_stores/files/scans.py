@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from bisect import bisect_left
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -107,6 +108,69 @@ def scan_step(
         except StorageFailed as problem:
             items.append(problem)
             done += 1
+
+
+class ScanCursor:
+    """Where one scan is between its batches: the fan-outs not listed yet (taken from the
+    end) and the names listed but not read yet. ``start`` and each ``next_batch`` are one
+    worker trip of the awaited scan, or one step of the blocking one, so both faces read
+    the same items in the same order."""
+
+    __slots__ = (
+        "_after",
+        "_batch",
+        "_fanouts",
+        "_location",
+        "_pending",
+        "_status",
+        "_trust_shared_root",
+    )
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        status: str | None,
+        after: str | None,
+        batch: int,
+        trust_shared_root: bool,
+    ) -> None:
+        self._location = location
+        self._status = status
+        self._after = after
+        self._batch = batch
+        self._trust_shared_root = trust_shared_root
+        self._fanouts: list[str] = []
+        self._pending: list[tuple[str, str]] = []
+
+    def start(self) -> None:
+        """List the fan-outs (those at or after ``after``'s); a root that cannot be listed
+        raises: that ends the scan."""
+        fanouts = list_fanouts(self._location)
+        if self._after is not None:
+            fanouts = fanouts[bisect_left(fanouts, self._after[:2]) :]
+        fanouts.reverse()  # taken from the end, in order
+        self._fanouts = fanouts
+
+    @property
+    def done(self) -> bool:
+        return not self._fanouts and not self._pending
+
+    def next_batch(self) -> list[Scanned]:
+        """The next batch's items: records of the status asked for, and the problems."""
+        items, self._pending = scan_step(
+            self._location,
+            self._fanouts,
+            self._pending,
+            self._batch,
+            status=self._status,
+            after=self._after,
+            trust_shared_root=self._trust_shared_root,
+        )
+        status = self._status
+        if status is None:
+            return items
+        return [item for item in items if not isinstance(item, Record) or item.status == status]
 
 
 def _load(

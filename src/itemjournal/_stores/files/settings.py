@@ -13,9 +13,9 @@ import json
 import os
 from typing import Any, Final
 
-from ..._model.errors import RecordInvalid, StorageFailed
+from ..._model.errors import InvalidArgument, RecordInvalid, StorageFailed
 from .layout import SETTINGS_NAME, fail, open_root, quietly, read_document
-from .locks import BUSY, Busy, open_lock_file, try_lock_whole
+from .locks import BUSY, Busy, close_call_lock_file, open_call_lock_file, try_lock_whole
 from .saves import DurableSaves, LostRace
 
 MAX_SETTINGS_BYTES: Final = 64 * 1024
@@ -75,6 +75,17 @@ def check_settings(location: str) -> None:
         decode_settings(data, path)
 
 
+def check_setting_text(name: str, value: str) -> None:
+    """Refuse (``INVALID_ARGUMENT``) a setting whose name is not a non-empty string or
+    whose value is not a string."""
+    for what, text in (("name", name), ("value", value)):
+        if not isinstance(text, str) or (what == "name" and not text):
+            raise InvalidArgument(
+                f"a setting's {what} is a non-empty string, not {text!r}",
+                code="INVALID_ARGUMENT",
+            )
+
+
 def record_setting(saves: DurableSaves, location: str, name: str, value: str) -> str | Busy:
     """The recorded value of ``name``, recording ``value`` first if none is; ``BUSY``
     when another holds the settings lock. One worker trip."""
@@ -86,7 +97,7 @@ def record_setting(saves: DurableSaves, location: str, name: str, value: str) ->
         raise fail(f"cannot open {location}", error) from error
     lock_fd: int | None = None
     try:
-        lock_fd = open_lock_file(root_fd, location)
+        lock_fd = open_call_lock_file(root_fd, location)
         if not try_lock_whole(lock_fd, location):
             return BUSY
         for _ in range(8):
@@ -115,4 +126,4 @@ def record_setting(saves: DurableSaves, location: str, name: str, value: str) ->
         # made under the settings lock, which closing its file then releases.
         quietly(fs.close_dir, root_fd)
         if lock_fd is not None:
-            os.close(lock_fd)
+            close_call_lock_file(lock_fd)

@@ -3,20 +3,21 @@
 ``FileStore`` is the seam (``..seam``) over a directory; the work lives in the modules
 beside this one, each of one topic: ``layout`` (where things are, and opening them
 without following a symlink out of the root), ``locks`` (the record and settings locks,
-taken without blocking and waited for on the loop), ``kept`` (fan-out descriptors kept
-open while saves overlap), ``saves`` (the durable create, replace and remove),
-``scans`` (the scan and the single-record probes), ``temps`` (temp names, their writers,
-the sweep) and ``settings`` (the location's settings document).
+taken without blocking and waited for on the loop or in the caller's thread), ``kept``
+(fan-out descriptors kept open while saves overlap), ``saves`` (the durable create,
+replace and remove), ``scans`` (the scan and the single-record probes), ``temps`` (temp
+names, their writers, the sweep), ``settings`` (the location's settings document) and
+``blocking`` (the store's blocking face, for ``itemjournal.sync``).
 
 Every operation's disk work (lock, read, decide, write, sync) is one function run in
-one worker thread; this class only chooses which and hands it the store's state.
+one worker thread (or, through the blocking face, in the caller's thread); this class
+only chooses which and hands it the store's state.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from bisect import bisect_left
 from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -32,20 +33,22 @@ from ..fileio import FileSystem
 from ..owners import ProcessOwners, current_owner
 from ..seam import StepFunction
 from ..threads import Trips, run_in_thread
+from .blocking import BlockingFace
 from .kept import KeptFanout, KeptFanouts
 from .layout import fail, open_fanout_for_writing, quietly
 from .locks import (
     BUSY,
     LOCKS_SURVIVE_KEPT_DESCRIPTORS,
     Busy,
-    open_lock_file,
+    close_call_lock_file,
+    open_call_lock_file,
     retry_while_busy,
     try_lock_record,
     unlock_record,
 )
 from .saves import DurableSaves
-from .scans import list_fanouts, peek_record, record_ages, scan_step
-from .settings import check_settings, record_setting
+from .scans import ScanCursor, peek_record, record_ages
+from .settings import check_setting_text, check_settings, record_setting
 from .temps import TempNames, find_strays, sweep_temps, writer_lives
 
 __all__ = ["FileStore"]
@@ -65,7 +68,7 @@ class _Named:
         return self._text
 
 
-class FileStore(ProcessOwners):
+class FileStore(BlockingFace, ProcessOwners):
     """Record documents in a directory the caller owns and trusts.
 
     ``trust_shared_root=True`` skips the check that the root and its fan-out directories
@@ -230,12 +233,7 @@ class FileStore(ProcessOwners):
         written like a record (temp, fsync, link or replace, directory fsync), so of two
         first openers one value wins and both are told which.
         """
-        for what, text in (("name", name), ("value", value)):
-            if not isinstance(text, str) or (what == "name" and not text):
-                raise InvalidArgument(
-                    f"a setting's {what} is a non-empty string, not {text!r}",
-                    code="INVALID_ARGUMENT",
-                )
+        check_setting_text(name, value)
         return await retry_while_busy(
             self._trip,
             f"the settings lock of {self.location}",
@@ -269,34 +267,18 @@ class FileStore(ProcessOwners):
         cannot be seen so, but a document of another status that is damaged past its
         status is reported only by a scan without ``status`` (``verify``, ``list``).
         """
-        fanouts = await self._trip(list_fanouts, self.location)
-        if after is not None:
-            fanouts = fanouts[bisect_left(fanouts, after[:2]) :]
-        fanouts.reverse()  # taken from the end, in order
-        pending: list[tuple[str, str]] = []
-        while fanouts or pending:
-            items, pending = await self._trip(
-                self._scan_step_sync, fanouts, pending, batch, status, after
-            )
-            for item in items:
-                if status is None or not isinstance(item, Record) or item.status == status:
-                    yield item
+        cursor = self._scan_cursor(status, after, batch)
+        await self._trip(cursor.start)
+        while not cursor.done:
+            for item in await self._trip(cursor.next_batch):
+                yield item
 
-    def _scan_step_sync(
-        self,
-        fanouts: list[str],
-        pending: list[tuple[str, str]],
-        batch: int,
-        status: str | None,
-        after: str | None,
-    ) -> tuple[list[Record | RecordInvalid | StorageFailed], list[tuple[str, str]]]:
-        return scan_step(
+    def _scan_cursor(self, status: str | None, after: str | None, batch: int) -> ScanCursor:
+        return ScanCursor(
             self.location,
-            fanouts,
-            pending,
-            batch,
             status=status,
             after=after,
+            batch=batch,
             trust_shared_root=self.trust_shared_root,
         )
 
@@ -315,36 +297,39 @@ class FileStore(ProcessOwners):
 
     def _apply_sync(self, identity: Identity, step: StepFunction[T]) -> T | Busy:
         """Lock the record (without blocking), then read, decide and write it."""
+        if self._keeps_descriptors:
+            return self._apply_cached(identity, step)
+        return self._apply_fresh(identity, step)
+
+    def _apply_fresh(self, identity: Identity, step: StepFunction[T]) -> T | Busy:
+        """``_apply_sync`` through descriptors of its own, opened for this save alone: its
+        lock is on an open file description no other save, thread or process shares."""
         digest = identity_digest(identity)
         directory = os.path.join(self.location, digest[:2])
-        if self._keeps_descriptors:
-            return self._apply_cached(identity, step, digest, directory)
         fs = self.fs
         dir_fd, _ = self._open_fanout_for_writing(digest[:2], directory)
         lock_fd: int | None = None
         try:
-            lock_fd = open_lock_file(dir_fd, directory)
+            lock_fd = open_call_lock_file(dir_fd, directory)
             if not self._try_lock(lock_fd, digest, directory):
                 return BUSY
-            return DurableSaves(fs, self._temps.new).save_step(
-                identity, step, dir_fd, directory, digest
-            )
+            return self._saves().save_step(identity, step, dir_fd, directory, digest)
         finally:
             # The directory first: the save's every call, up to its last on the fan-out,
             # is made under the record's lock, which closing its file then releases.
             quietly(fs.close_dir, dir_fd)
             if lock_fd is not None:
-                os.close(lock_fd)
+                close_call_lock_file(lock_fd)
 
-    def _apply_cached(
-        self, identity: Identity, step: StepFunction[T], digest: str, directory: str
-    ) -> T | Busy:
+    def _apply_cached(self, identity: Identity, step: StepFunction[T]) -> T | Busy:
         """``_apply_sync`` through the fan-out's kept descriptors.
 
         Saves of this store share one open file description of ``.lock``, so the kernel
         does not exclude them from one another: ``held`` does, for the digests locked
         here. The record's byte is unlocked explicitly, as the descriptor stays open.
         """
+        digest = identity_digest(identity)
+        directory = os.path.join(self.location, digest[:2])
         cache = self._fanouts
         with cache.lock:
             if digest in cache.held:
