@@ -21,20 +21,33 @@ from typing import Any
 
 import anyio.to_thread
 
+import itemjournal
 from itemjournal import sync
 
 
 async def _in_thread(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # Not abandoned on cancellation: a blocking call cannot be cancelled, and the test
-    # must see what it did (as a caller's thread would go on with it).
-    return await anyio.to_thread.run_sync(functools.partial(call, *args, **kwargs))
+    # must see what it did (as a caller's thread would go on with it). A thread of its
+    # own for every call, beyond anyio's 40: fifty callers waiting for one claim must not
+    # take the thread its holder needs to complete it.
+    return await anyio.to_thread.run_sync(
+        functools.partial(call, *args, **kwargs), limiter=anyio.CapacityLimiter(1)
+    )
 
 
 class AttemptView:
-    """A blocking ``Attempt``, seen through the async one's methods."""
+    """A blocking ``Attempt``, seen through the async one's methods.
+
+    ``isinstance`` sees it as the async face's class of the same name (a blocking
+    ``ClaimedAttempt`` is an ``itemjournal.ClaimedAttempt`` here), so that the suite's
+    checks of which attempt came back hold for both faces."""
 
     def __init__(self, attempt: sync.Attempt) -> None:
         self.sync_attempt = attempt
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return getattr(itemjournal, type(self.sync_attempt).__name__)  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sync_attempt, name)

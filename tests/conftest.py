@@ -212,12 +212,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The blocking face runs on one anyio backend: none of its calls runs on the event
-    loop, which only waits for the threads that make them."""
+    loop, which only waits for the threads that make them; and not the tests marked
+    ``async_only``."""
     kept, dropped = [], []
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        both = params.get("face") == "sync" and params.get("anyio_backend") not in (None, "asyncio")
-        (dropped if both else kept).append(item)
+        blocking = params.get("face") == "sync"
+        both = blocking and params.get("anyio_backend") not in (None, "asyncio")
+        # Cancellation, a task's deadline, the journal's event loop: the async face alone.
+        alone = blocking and item.get_closest_marker("async_only") is not None
+        (dropped if both or alone else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept

@@ -80,6 +80,7 @@ async def test_body_raises_marks_review_and_propagates(journal: Journal) -> None
     assert record.receipt is None
 
 
+@pytest.mark.async_only
 async def test_body_cancelled_marks_review_and_the_cancellation_goes_on(
     journal: Journal,
 ) -> None:

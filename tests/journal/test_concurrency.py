@@ -399,6 +399,7 @@ async def _begin_cancelled_by_peer(
     return got, tg.cancel_scope.cancel_called
 
 
+@pytest.mark.async_only
 async def test_a_cancelled_begin_either_claimed_or_left_nothing(
     journal: Journal, on_disk: None
 ) -> None:

@@ -87,6 +87,7 @@ async def test_a_waiter_gets_the_first_callers_receipt_and_result(journal: Journ
     assert (reuse.receipt, reuse.result) == ("ch_1", '{"status": 201}')
 
 
+@pytest.mark.async_only
 async def test_a_waiter_on_this_journals_claim_is_woken_not_polling(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -169,6 +170,7 @@ async def test_fifty_waiters_one_effect(journal: Journal) -> None:
     assert journal._live == {}
 
 
+@pytest.mark.async_only
 async def test_waiters_cancelled_at_random_moments_leave_nothing_behind(
     journal: Journal,
 ) -> None:

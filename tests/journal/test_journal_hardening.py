@@ -156,6 +156,7 @@ def read_in_new_process(location: str, identity: Identity) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- defect 3
 
 
+@pytest.mark.async_only
 async def test_a_begin_cancelled_while_waiting_for_a_lock_ends_at_once(
     make_journal: Any, held: Any, store_kind: str
 ) -> None:
@@ -356,6 +357,7 @@ async def test_many_calls_on_one_identity_take_turns_without_a_stampede(
     assert waits <= calls
 
 
+@pytest.mark.async_only
 async def test_a_waiter_cancelled_in_line_leaves_the_line(journal: Journal) -> None:
     identity = ident("line")
     claim = await journal.begin(identity, INPUTS, DEFINITION)

@@ -696,6 +696,7 @@ def _ledger_check(
     return check
 
 
+@pytest.mark.async_only
 async def test_cancellation_at_random_points_leaves_no_record_half_way(
     journal: Journal,
 ) -> None:

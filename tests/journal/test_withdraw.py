@@ -138,6 +138,7 @@ async def test_withdraw_inside_preparing_keeps_its_reason(journal: Journal) -> N
     await assert_withdrawn(journal, identity, "customer is blocked")
 
 
+@pytest.mark.async_only
 async def test_a_cancellation_inside_preparing_withdraws_and_goes_on(journal: Journal) -> None:
     identity = ident("prep-cancelled")
     inside = anyio.Event()
@@ -159,6 +160,7 @@ async def test_a_cancellation_inside_preparing_withdraws_and_goes_on(journal: Jo
     await assert_withdrawn(journal, identity, "cancelled while preparing")
 
 
+@pytest.mark.async_only
 async def test_fail_after_inside_preparing_withdraws(journal: Journal) -> None:
     identity = ident("prep-timeout")
     with pytest.raises(TimeoutError):
@@ -184,6 +186,7 @@ async def test_an_exception_after_preparing_needs_review(journal: Journal) -> No
     assert view.review_reason == "block raised RuntimeError: provider timed out"
 
 
+@pytest.mark.async_only
 async def test_a_cancellation_after_preparing_needs_review(journal: Journal) -> None:
     identity = ident("after-prep-cancelled")
     with pytest.raises(TimeoutError):
@@ -400,6 +403,7 @@ async def test_a_withdrawal_is_counted_and_logged(
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.async_only
 async def test_a_native_cancel_inside_preparing_withdraws(journal: Journal) -> None:
     identity = ident("native-inside")
     inside = asyncio.Event()
@@ -421,6 +425,7 @@ async def test_a_native_cancel_inside_preparing_withdraws(journal: Journal) -> N
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.async_only
 async def test_a_native_cancel_after_preparing_needs_review(journal: Journal) -> None:
     identity = ident("native-after")
     charging = asyncio.Event()
