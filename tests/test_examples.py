@@ -124,3 +124,67 @@ def test_demo_ends_with_reconciliation_settling_both_items(tmp_path: Path) -> No
     assert "order-3   2" in last_list and f"receipt {charge_3}" in last_list
     assert "needs_review" not in last_list
     assert last_list.rstrip().endswith("5 records")
+
+
+CELERY_CHECK = """
+import inspect, json, os
+from celery import Celery
+import celery_worker
+from itemjournal.sync import Journal
+
+task = celery_worker.app.tasks["charge"]
+first = task.apply(("order-1", 250)).get()
+again = task.apply(("order-1", 250)).get()
+with Journal.open(os.environ["ITEMJOURNAL_LOCATION"]) as journal:
+    key = journal.inspect(("shop", "billing", "charge", "order-1")).key
+print(json.dumps({
+    "app": isinstance(celery_worker.app, Celery),
+    "options": [task.acks_late, task.reject_on_worker_lost, getattr(task, "queue", None)],
+    "default_queue": celery_worker.app.conf.task_default_queue,
+    "parameters": list(inspect.signature(task.run).parameters),
+    "receipts": [first, again],
+    "key": key,
+    "transport": celery_worker.app.conf.broker_transport_options,
+}))
+"""
+
+
+def test_celery_worker_keeps_its_environment_contract(tmp_path: Path) -> None:
+    import os
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(EXAMPLES),
+        "BROKER_URL": "redis://127.0.0.1:6379/0",  # tasks run by apply(): never connected
+        "ITEMJOURNAL_LOCATION": str(tmp_path / "journal"),
+        "LEDGER": str(tmp_path / "ledger"),
+        "VISIBILITY_TIMEOUT": "7",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", CELERY_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.splitlines()[-1])
+    assert seen["app"] is True
+    assert seen["options"] == [True, True, None]  # late acks, back when lost, default queue
+    assert seen["default_queue"] == "celery"
+    assert seen["parameters"] == ["order_id", "amount_cents"]
+    assert seen["receipts"] == ["ledger:order-1", "ledger:order-1"]
+    ledger_text = (tmp_path / "ledger").read_text()
+    assert ledger_text == f"order-1 250 {seen['key']}\n"  # charged once, with the claim key
+    assert seen["transport"]["visibility_timeout"] == 7
+    missing = subprocess.run(
+        [sys.executable, "-c", "import celery_worker"],
+        env={**env, "LEDGER": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 1
+    assert "celery_worker: set LEDGER" in missing.stderr

@@ -38,6 +38,14 @@ EXTRA_MODULES = (
     "fastapi",
     "httpx",
     "trio",
+    "celery",
+    "kombu",
+    "billiard",
+    "redis",
+    "flask",
+    "django",
+    "gunicorn",
+    "nbclient",
 )
 
 
