@@ -16,7 +16,7 @@ DIST_PYTEST_ARGS ?=
 # told otherwise.
 DIST_TESTS ?= tests
 
-.PHONY: demo test lint dist test-dist docs bench bench-quick bench-instructions bench-profile clean
+.PHONY: demo test lint dist test-dist docs bench bench-quick bench-instructions bench-profile bench-peers clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -90,6 +90,12 @@ bench: $(BIN)/.installed
 bench-quick: $(BIN)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python benchmarks/bench.py --quick $(BENCH_ARGS)
+
+# How it compares: the peers (DBOS, Powertools' idempotency on Redis, the idempotency
+# package) next to itemjournal, throughput and crash tables (BENCH_ARGS='--quick').
+bench-peers: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[peers]'
+	$(BIN)/python benchmarks/peers/bench_peers.py $(BENCH_ARGS)
 
 # Instructions per begin + complete on MemoryStore, and the floor beside them, counted by
 # valgrind's callgrind (Debian: valgrind): repeatable whatever else the machine is doing.
