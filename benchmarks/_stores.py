@@ -1,20 +1,28 @@
 """The three itemjournal stores as benchmark workloads: begin + complete cycles through
-``Journal`` on a fresh location, each cycle on a new identity."""
+``Journal`` on a fresh location, each cycle on a new identity.
+
+The ``run_*_sync`` workloads are the same cycles through the blocking face
+(``itemjournal.sync.Journal``): threads, not tasks, share one journal and one cycle
+counter, and each calls ``begin`` and ``complete`` itself, with no event loop.
+"""
 
 from __future__ import annotations
 
 import os
 import secrets
+import threading
+import time
 from collections.abc import Callable
 
 import anyio.to_thread
 from _common import Env, Sample, journal_cycle, measure, run_directory
 
-from itemjournal import Journal, definition_digest
+import itemjournal.sync
+from itemjournal import Claim, Journal, definition_digest
 from itemjournal.testing import MemoryStore
 
 
-def _commit_counter(journal: Journal) -> Callable[[], int] | None:
+def _commit_counter(journal: Journal | itemjournal.sync.Journal) -> Callable[[], int] | None:
     """The store's ``commits`` counter, when it keeps one (SQLite and PostgreSQL do)."""
     store = journal.store
     if not isinstance(getattr(store, "commits", None), int):
@@ -65,6 +73,82 @@ async def run_sqlite(env: Env, cycles: int, concurrency: int) -> Sample:
     if sample.commits:
         env.notes[f"sqlite-batch-{concurrency}"] = 2 * cycles / sample.commits
     return sample
+
+
+# ---------------------------------------------------------------------- the blocking face
+
+
+def _thread_cycles(location: str, kind: str, cycles: int, threads: int) -> Sample:
+    """``cycles`` begin + complete cycles on ``threads`` threads sharing one
+    ``itemjournal.sync.Journal`` and one cycle counter; run in a thread of its own, so
+    that no event loop is anywhere near the calls. Each cycle is timed; there is no
+    event loop, so no lag."""
+    with itemjournal.sync.Journal.open(location) as journal:
+        definition = definition_digest(f"bench-{kind}-v1")
+        commits = _commit_counter(journal)
+        counter = threading.Lock()
+        next_index = 0
+        latencies: list[float] = []  # list.append is atomic: no lock needed
+        failures: list[BaseException] = []
+        clock = time.perf_counter
+
+        def worker() -> None:
+            nonlocal next_index
+            try:
+                while True:
+                    with counter:
+                        index = next_index
+                        if index >= cycles or failures:
+                            return
+                        next_index += 1
+                    started = clock()
+                    identity = ("bench", kind, "cycle", f"i{index}")
+                    claim = journal.begin(identity, {"n": str(index)}, definition)
+                    if not isinstance(claim, Claim):
+                        raise TypeError(f"expected a fresh claim for {identity}, got {claim!r}")
+                    journal.complete(claim, f"receipt-{index}")
+                    latencies.append(clock() - started)
+            except BaseException as error:  # re-raised by the driver: a run that fails counts
+                failures.append(error)
+
+        workers = [
+            threading.Thread(target=worker, name=f"bench {kind} {n}") for n in range(threads)
+        ]
+        before = commits() if commits is not None else 0
+        cpu = time.process_time()
+        started = clock()
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        seconds = clock() - started
+        cpu = time.process_time() - cpu
+        done = None if commits is None else commits() - before
+        if failures:
+            raise failures[0]
+        counts = journal.counts()
+        if counts["succeeded"] != cycles:
+            raise RuntimeError(f"{kind} store, sync: expected {cycles} succeeded, found {counts}")
+    return Sample(cycles, seconds, tuple(latencies), (), done, cpu)
+
+
+async def run_file_sync(env: Env, cycles: int, concurrency: int) -> Sample:
+    """The file store through the blocking face, ``concurrency`` threads."""
+    async with run_directory(env.base, "file-sync-") as root:
+        return await anyio.to_thread.run_sync(_thread_cycles, root, "file", cycles, concurrency)
+
+
+async def run_sqlite_sync(env: Env, cycles: int, concurrency: int) -> Sample:
+    """The SQLite store through the blocking face, ``concurrency`` threads. Its batch sizes
+    are not left for the SQLite limit, which replays the async store's."""
+    async with run_directory(env.base, "sqlite-sync-") as root:
+        location = f"sqlite://{os.path.join(root, 'j.db')}"
+        return await anyio.to_thread.run_sync(
+            _thread_cycles, location, "sqlite", cycles, concurrency
+        )
+
+
+# ---------------------------------------------------------------------- PostgreSQL
 
 
 def postgres_location(url: str, schema: str, pool_size: int) -> str:

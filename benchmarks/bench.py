@@ -42,7 +42,8 @@ from _common import (
     without_password,
 )
 
-Setting = tuple[str, int]  # (event loop, concurrency)
+Setting = tuple[str, int]  # (event loop, concurrency), or (THREADS, threads)
+THREADS = "threads"  # the blocking face: threads sharing one itemjournal.sync.Journal
 ALL_SETTINGS: tuple[Setting, ...] = (
     ("asyncio", 1),
     ("asyncio", 4),
@@ -52,6 +53,7 @@ ALL_SETTINGS: tuple[Setting, ...] = (
 )
 PEER_SETTINGS: tuple[Setting, ...] = (("asyncio", 1), ("asyncio", 16), ("asyncio", 64))
 C16: tuple[Setting, ...] = (("asyncio", 16), ("trio", 16))
+T16: tuple[Setting, ...] = ((THREADS, 16),)
 POSTGRES_VARIABLES = ("ITEMJOURNAL_BENCH_POSTGRES", "ITEMJOURNAL_TEST_POSTGRES")
 WARMUP_CYCLES = 16  # per workload, once per event loop, at concurrency 4: not recorded
 DEFAULT_JSON = Path(__file__).resolve().parent / "out" / "results.json"
@@ -64,14 +66,19 @@ class Workload:
     runner: Runner
     settings: tuple[Setting, ...]
     needs_postgres: bool = False
+    # For the blocking face's workloads: the async workload it runs beside, whose row it
+    # follows in the table and against which its ratio is taken.
+    beside: str | None = None
 
 
 WORKLOADS: tuple[Workload, ...] = (
     Workload("memory store", "store", _stores.run_memory, ALL_SETTINGS),
+    Workload("file store sync", "store", _stores.run_file_sync, T16, beside="file store"),
     Workload("file store", "store", _stores.run_file, ALL_SETTINGS),
     Workload("file limit", "limit", _limits.run_file_limit, ALL_SETTINGS),
     Workload("file saves", "limit", _limits.run_file_saves, C16),
     Workload("file ceiling", "ceiling", _limits.run_file_ceiling, C16),
+    Workload("sqlite store sync", "store", _stores.run_sqlite_sync, T16, beside="sqlite store"),
     Workload("sqlite store", "store", _stores.run_sqlite, ALL_SETTINGS),
     Workload("sqlite limit", "limit", _limits.run_sqlite_limit, ALL_SETTINGS),
     Workload("sqlite ceiling", "ceiling", _limits.run_sqlite_ceiling, C16),
@@ -86,9 +93,11 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("idempotency pkg", "peer", _peers.run_idempotency, PEER_SETTINGS),
 )
 # Workloads that run next to each other, in reverse order every other round (the SQLite
-# limit always after the store: it replays the store's batch sizes of that very run).
+# limit always after the store: it replays the store's batch sizes of that very run; the
+# blocking face's SQLite run, which leaves no batch sizes, goes before or after the store).
 NEIGHBOURS = (
-    ("file store", "file limit", "file saves", "file ceiling"),
+    ("file store sync", "file store", "file limit", "file saves", "file ceiling"),
+    ("sqlite store sync", "sqlite store"),
     ("postgres store", "postgres limit", "postgres ceiling"),
 )
 
@@ -143,6 +152,17 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _host(setting: Setting) -> str:
+    """The event loop whose turn a setting runs in: the blocking face's threads run in
+    asyncio's, beside its tasks at the same concurrency (they use no event loop)."""
+    return "asyncio" if setting[0] == THREADS else setting[0]
+
+
+def _label(setting: Setting) -> str:
+    kind, concurrency = setting
+    return f"sync, {concurrency} threads" if kind == THREADS else f"{kind} c{concurrency}"
+
+
 # ---------------------------------------------------------------------- running
 
 
@@ -161,17 +181,27 @@ def _order(workloads: list[Workload], round_index: int) -> list[Workload]:
 async def _run_backend(
     env: Env, plan: Plan, workloads: list[Workload], round_index: int, results: Results
 ) -> None:
-    """Every workload at every concurrency of this event loop: warm-up, then measured."""
-    for setting in dict.fromkeys(s for w in workloads for s in plan.runs(w)):
-        if setting[0] != env.backend:
+    """Every workload at every concurrency of this event loop: warm-up, then measured.
+
+    The blocking face's threads run in asyncio's turn, each run next to the async runs of
+    the same concurrency."""
+    slots = dict.fromkeys((_host(s), s[1]) for w in workloads for s in plan.runs(w))
+    for host, concurrency in slots:
+        if host != env.backend:
             continue
-        concurrency = setting[1]
-        here = [w for w in _order(workloads, round_index) if setting in plan.runs(w)]
-        if round_index == 0 and setting == next(s for s in ALL_SETTINGS if s[0] == env.backend):
+        here = [
+            (w, s)
+            for w in _order(workloads, round_index)
+            for s in plan.runs(w)
+            if (_host(s), s[1]) == (host, concurrency)
+        ]
+        if round_index == 0 and (host, concurrency) == next(
+            s for s in ALL_SETTINGS if s[0] == env.backend
+        ):
             for workload in workloads:  # warm-up: threads, caches, imports; not recorded
-                if any(s[0] == env.backend for s in workload.settings):
+                if any(_host(s) == env.backend for s in workload.settings):
                     await workload.runner(env, WARMUP_CYCLES, 4)
-        for workload in here:
+        for workload, setting in here:
             cycles = plan.cycles[concurrency]
             sample = await workload.runner(env, cycles, concurrency)
             results.samples.setdefault((workload.name, *setting), []).append(sample)
@@ -179,7 +209,7 @@ async def _run_backend(
                 "" if sample.commits is None else f"  {sample.commits_per_cycle:.3f} commits/cycle"
             )
             _log(
-                f"  round {round_index + 1}/{plan.rounds} {env.backend:<7} c={concurrency:<3}"
+                f"  round {round_index + 1}/{plan.rounds} {setting[0]:<7} c={concurrency:<3}"
                 f"{workload.name:<20} {sample.rate:8.1f} cycles/s  p50 {sample.p50_ms:7.2f} ms"
                 f"  p99 {sample.p99_ms:7.2f} ms  lag p99 {sample.lag_p99_ms:7.2f} ms"
                 f"  CPU {sample.cpu_us:6.0f} µs/cycle{commits}"
@@ -361,6 +391,18 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
                 f"{count / floor:.2f} x the floor's {floor:,.0f}",
             )
         )
+        sync = results.instructions.get("sync")
+        if sync is not None:  # the blocking face drops the event loop: it must not cost more
+            found.append(
+                Goal(
+                    "memory store: sync face / async face, instructions per cycle",
+                    sync / count,
+                    "<= 1",
+                    sync <= count,
+                    [sync / count],
+                    f"{sync:,.0f} against {count:,.0f}",
+                )
+            )
 
     largest = plan.sizes[-1]
     size_note = "" if largest == 100_000 else f"at {largest:,} records, not 100,000"
@@ -434,11 +476,56 @@ def goals(results: Results, plan: Plan) -> list[Goal]:
     return found
 
 
+def sync_ratios(results: Results) -> list[Goal]:
+    """The blocking face against the async one on the same store, each with no target:
+    its threads' cycles/s over the async face's tasks' at the same concurrency (asyncio),
+    run next to each other in each round; the note gives the same ratio of p50, p99 and
+    CPU per cycle."""
+    found: list[Goal] = []
+    for workload in WORKLOADS:
+        if workload.beside is None:
+            continue
+        for setting in workload.settings:
+            top: Key = (workload.name, *setting)
+            bottom: Key = (workload.beside, _host(setting), setting[1])
+            by = _ratios(results, top, bottom, _rate)
+            if not by:
+                continue
+            parts = {
+                "p50": _ratios(results, top, bottom, lambda s: s.p50_ms),
+                "p99": _ratios(results, top, bottom, lambda s: s.p99_ms),
+                "CPU per cycle": _ratios(results, top, bottom, lambda s: s.cpu_us),
+            }
+            note = ", ".join(f"{name} {median(values):.2f}" for name, values in parts.items())
+            found.append(
+                Goal(
+                    f"{workload.name} / {workload.beside}, cycles/s, "
+                    f"{setting[1]} threads / {_host(setting)} c{setting[1]}",
+                    median(by),
+                    "-",
+                    None,
+                    by,
+                    f"{note} of the async face's",
+                )
+            )
+    return found
+
+
+def _in_table_order() -> list[Workload]:
+    """``WORKLOADS``, each blocking-face workload right after the async one it runs beside."""
+    ordered: list[Workload] = []
+    for workload in WORKLOADS:
+        if workload.beside is None:
+            ordered.append(workload)
+            ordered += [w for w in WORKLOADS if w.beside == workload.name]
+    return ordered
+
+
 def _table_rows(results: Results, plan: Plan) -> list[list[str]]:
     rows: list[list[str]] = []
-    for workload in WORKLOADS:
-        for backend, concurrency in workload.settings:
-            samples = results.samples.get((workload.name, backend, concurrency))
+    for workload in _in_table_order():
+        for setting in workload.settings:
+            samples = results.samples.get((workload.name, *setting))
             if not samples:
                 continue
             per_cycle = median([s.commits_per_cycle for s in samples])
@@ -446,7 +533,7 @@ def _table_rows(results: Results, plan: Plan) -> list[list[str]]:
                 [
                     workload.group,
                     workload.name,
-                    f"{backend} c{concurrency}",
+                    _label(setting),
                     _fmt(median([s.rate for s in samples]), 1),
                     _fmt(median([s.p50_ms for s in samples])),
                     _fmt(median([s.p99_ms for s in samples])),
@@ -552,6 +639,13 @@ def report(
         for g in found
     ]
     print(table(["goal", "value", "target", "verdict", "by round", "note"], goal_rows))
+    ratios = sync_ratios(results)
+    if ratios:
+        print()
+        ratio_rows = [
+            [r.name, _fmt(r.value), " ".join(_fmt(v) for v in r.by_round), r.note] for r in ratios
+        ]
+        print(table(["sync face / async face (no goal)", "value", "by round", "note"], ratio_rows))
     print(
         "idempotency pkg: one guarded call per cycle (it has no separate begin and complete) "
         "and no fsync"
@@ -608,6 +702,7 @@ def report(
         "peak_rss_mb": peak_rss_mb(),
         "instructions_per_cycle": results.instructions,
         "goals": [{**asdict(g), "value": _num(g.value)} for g in found],
+        "sync_ratios": [{**asdict(r), "value": _num(r.value)} for r in ratios],
         "table": {"headers": HEADERS, "rows": rows},
     }
     return all_pass, document
@@ -690,7 +785,10 @@ def main(argv: list[str] | None = None) -> int:
         results.skipped.append("instructions per cycle: valgrind is not installed")
     else:
         cycles = instructions.CYCLES // 2 if plan.quick else instructions.CYCLES
-        _log(f"counting instructions (callgrind): {cycles} cycles and 0, journal and floor")
+        _log(
+            f"counting instructions (callgrind): {cycles} cycles and 0 of "
+            + ", ".join(instructions.WORKLOADS)
+        )
         results.instructions = instructions.per_cycle(cycles, valgrind)
     _log("")
     all_pass, document = report(results, plan, environment, time.perf_counter() - started)
