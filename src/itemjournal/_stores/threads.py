@@ -12,13 +12,12 @@ that waits for it unseen.
 from __future__ import annotations
 
 import collections
-import contextlib
 import errno
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -209,20 +208,11 @@ class Trips:
                 errno=errno.ETIMEDOUT,
             )
 
-    @contextlib.contextmanager
-    def blocking(self) -> Iterator[None]:
-        """Count one blocking call (made in its caller's thread) for as long as it runs;
-        refused, like ``run``, once ``close`` has begun."""
-        with self._blocking_idle:
-            self.check_open()
-            self._blocking += 1
-        try:
-            yield
-        finally:
-            with self._blocking_idle:
-                self._blocking -= 1
-                if not self._blocking:
-                    self._blocking_idle.notify_all()
+    def blocking(self) -> _BlockingCall:
+        """``with trips.blocking():`` counts one blocking call (made in its caller's
+        thread) for as long as it runs; refused, like ``run``, once ``close`` has begun.
+        An object, not a generator: it is entered on every blocking call."""
+        return _BlockingCall(self)
 
     def close_blocking(self) -> None:
         """``close`` for a caller without an event loop: refuse new calls, then wait for
@@ -267,6 +257,28 @@ class Trips:
         with self._blocking_idle:
             while self._blocking:
                 self._blocking_idle.wait()
+
+
+class _BlockingCall:
+    """One blocking call, counted by its store's ``Trips`` while it runs."""
+
+    __slots__ = ("_trips",)
+
+    def __init__(self, trips: Trips) -> None:
+        self._trips = trips
+
+    def __enter__(self) -> None:
+        trips = self._trips
+        with trips._blocking_idle:
+            trips.check_open()
+            trips._blocking += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        trips = self._trips
+        with trips._blocking_idle:
+            trips._blocking -= 1
+            if not trips._blocking:
+                trips._blocking_idle.notify_all()
 
 
 class _Turns:
