@@ -263,3 +263,112 @@ def cluster(*, max_connections: int = 60) -> Iterator[Cluster]:
         yield made
     finally:
         made.close()
+
+
+# ---------------------------------------------------------------------- synchronous standbys
+#
+# A primary with a streaming synchronous standby of the test's own, and a TCP proxy that
+# cuts a client's connections while the server works on.
+
+import threading  # noqa: E402
+
+
+def wait_for(condition: str, url: str, timeout: float = 30) -> None:
+    """Until the SQL ``condition`` holds on the server of ``url`` (asked again and again)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with (
+            contextlib.suppress(psycopg.Error),
+            psycopg.connect(url, autocommit=True, connect_timeout=2) as connection,
+        ):
+            row = connection.execute(f"SELECT {condition}").fetchone()
+            if row is not None and row[0]:
+                return
+        assert time.monotonic() < deadline, f"never: {condition}"
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def synchronous_pair(names: str = "*") -> Iterator[tuple[Cluster, Cluster]]:
+    """A primary and its streaming standby, which the primary's commits wait for
+    (``synchronous_standby_names`` = ``names``), once the standby is streaming in sync."""
+    with cluster() as primary, primary.standby() as standby:
+        primary.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
+        primary.execute("SELECT pg_reload_conf()")
+        wait_for(
+            "EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync')",
+            primary.admin_url(),
+        )
+        yield primary, standby
+
+
+def promote(standby: Cluster, *, start: bool = True) -> None:
+    """Make ``standby`` a primary (started first, unless ``start`` is False: it runs)."""
+    if start:
+        standby.start()
+    standby._run("pg_ctl", "-D", str(standby.data), "-w", "promote")
+    wait_for("NOT pg_is_in_recovery()", standby.admin_url())
+
+
+def wait_for_sync_rep(primary: Cluster, timeout: float = 30) -> None:
+    """Until a session of ``primary`` waits for a synchronous standby in its commit."""
+    wait_for(
+        "EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')",
+        primary.admin_url(),
+        timeout,
+    )
+
+
+class Proxy:
+    """A TCP proxy on a free loopback port to ``port``; ``drop`` cuts every connection it
+    carries now (new ones are still accepted)."""
+
+    def __init__(self, port: int) -> None:
+        self._target = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._carried: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self._target))
+            with self._lock:
+                self._carried += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def drop(self) -> None:
+        with self._lock:
+            carried, self._carried = self._carried, []
+        for end in carried:
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()
+
+    def close(self) -> None:
+        self._listener.close()
+        self.drop()
+
+
+@contextlib.contextmanager
+def proxy(port: int) -> Iterator[Proxy]:
+    made = Proxy(port)
+    try:
+        yield made
+    finally:
+        made.close()

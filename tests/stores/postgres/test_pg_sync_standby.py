@@ -11,17 +11,11 @@ standby started and promoted.
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-import socket
-import threading
-import time
 import urllib.parse
-from collections.abc import Iterator
 
 import _pg
 import anyio
-import psycopg
 import pytest
 
 from itemjournal import Claim, ConflictError, Identity, Journal, JournalError, definition_digest
@@ -35,87 +29,18 @@ def ident(name: str) -> Identity:
     return Identity("syncstandby", "test", "x", name)
 
 
-class Proxy:
-    """A TCP proxy on a free loopback port to ``port``; ``drop`` cuts every connection it
-    carries now (new ones are still accepted)."""
-
-    def __init__(self, port: int) -> None:
-        self._target = port
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._carried: list[socket.socket] = []
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self._target))
-            with self._lock:
-                self._carried += [client, server]
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                sink.sendall(data)
-        for end in (source, sink):
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
-
-    def drop(self) -> None:
-        with self._lock:
-            carried, self._carried = self._carried, []
-        for end in carried:
-            with contextlib.suppress(OSError):
-                end.shutdown(socket.SHUT_RDWR)
-            end.close()
-
-    def close(self) -> None:
-        self._listener.close()
-        self.drop()
-
-
-@contextlib.contextmanager
-def proxy(port: int) -> Iterator[Proxy]:
-    made = Proxy(port)
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-def _wait_for(condition: str, url: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with (
-            contextlib.suppress(psycopg.Error),
-            psycopg.connect(url, autocommit=True, connect_timeout=2) as connection,
-        ):
-            row = connection.execute(f"SELECT {condition}").fetchone()
-            if row is not None and row[0]:
-                return
-        assert time.monotonic() < deadline, f"never: {condition}"
-        time.sleep(0.1)
-
-
 @pytest.mark.anyio
 async def test_a_lost_commit_waiting_for_a_synchronous_standby_is_never_acknowledged() -> None:
     with _pg.cluster() as primary, primary.standby() as standby:
         primary.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
         primary.execute("SELECT pg_reload_conf()")
-        _wait_for(
+        _pg.wait_for(
             "EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync')",
             primary.admin_url(),
         )
         schema = f"ij_{secrets.token_hex(4)}"
         direct = urllib.parse.quote(primary.url, safe="")
-        with proxy(primary.port) as cut:
+        with _pg.proxy(primary.port) as cut:
             location = (
                 f"postgresql://postgres@127.0.0.1:{cut.port}/test?schema={schema}"
                 f"&owner_url={direct}&pool_size=4"
@@ -160,7 +85,7 @@ async def test_a_lost_commit_waiting_for_a_synchronous_standby_is_never_acknowle
         await anyio.to_thread.run_sync(primary.stop, "immediate")
         await anyio.to_thread.run_sync(standby.start)
         standby._run("pg_ctl", "-D", str(standby.data), "-w", "promote")
-        _wait_for("NOT pg_is_in_recovery()", standby.admin_url())
+        _pg.wait_for("NOT pg_is_in_recovery()", standby.admin_url())
         lost: list[str] = []
         fresh: list[str] = []
         async with await Journal.open(f"{standby.url}?schema={schema}") as after:
@@ -190,7 +115,7 @@ async def test_a_commit_whose_standby_wait_was_cut_short_elsewhere_is_not_acknow
     with _pg.cluster() as primary, primary.standby() as standby:
         primary.execute("ALTER SYSTEM SET synchronous_standby_names = 'FIRST 1 (*)'")
         primary.execute("SELECT pg_reload_conf()")
-        _wait_for(
+        _pg.wait_for(
             "EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync')",
             primary.admin_url(),
         )
@@ -201,7 +126,7 @@ async def test_a_commit_whose_standby_wait_was_cut_short_elsewhere_is_not_acknow
             await anyio.to_thread.run_sync(standby.stop)
 
             def end_the_waiting_session() -> None:
-                _wait_for(
+                _pg.wait_for(
                     "EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')",
                     primary.admin_url(),
                 )

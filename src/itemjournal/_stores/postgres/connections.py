@@ -15,6 +15,12 @@ session ends within that; and ``idle_in_transaction_session_timeout`` (``idle_li
 ends a transaction of ours that waits for its client longer than any live one does,
 which covers a client whose kernel still answers but whose process has stopped, and the
 server sessions behind a pooler, whose socket leads to the pooler, not to the host.
+
+**A statement_timeout is left as the role sets it.** The server disarms it before it
+commits (``finish_xact_command``), so it never cuts a ``COMMIT``'s wait for the
+synchronous standbys short, and the store's other statements keep the operator's bound.
+A cancel does cut that wait (``pg_cancel_backend``, a pooler's query timeout, a blocking
+caller's interrupt): ``settle.heard_cut`` hears it.
 """
 
 from __future__ import annotations

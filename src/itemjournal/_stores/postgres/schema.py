@@ -22,7 +22,8 @@ from psycopg import sql
 from ..._model.errors import StorageFailed
 from ..._model.records import STATUSES
 from .connections import Connections, roll_back
-from .failures import failure
+from .failures import describe, failure
+from .settle import commit_level, heard_cut, standbys_have
 
 __all__ = [
     "OPEN_STATUSES",
@@ -207,7 +208,17 @@ def check_journal(connections: Connections, tables: Tables, where: str) -> list[
 def record_setting(
     connections: Connections, tables: Tables, where: str, key: str, value: str
 ) -> str:
-    """The journal's setting ``key`` in ``meta``: its first value, written now if none was."""
+    """The journal's setting ``key`` in ``meta``: its first value, written now if none was.
+
+    Written twice is safe (the first value stays), so a try whose connection was lost is
+    run again; but once a commit's answer was lost, or its wait for the synchronous
+    standbys was cut short (``heard_cut``), the value read is acknowledged only with the
+    proof a record's lost commit needs: the standbys have it (``standbys_have``). The
+    value read after a lost commit may be that commit's, on the primary alone; a lost
+    commit still waiting for the standbys holds the key, and the next try waits for it
+    at most ``lock_timeout``. Otherwise the outcome is unknown."""
+    lost: list[str] = []  # why an earlier try's outcome is unknown
+    unknown: list[StorageFailed] = []  # the answer that already says so
 
     def record(connection: psycopg.Connection[Any]) -> str:
         connections.start_write(connection)
@@ -220,11 +231,40 @@ def record_setting(
         row = connection.execute(
             sql.SQL("SELECT value FROM {} WHERE key = %s").format(tables.meta), (key,)
         ).fetchone()
-        connection.commit()
         assert row is not None
+        level = commit_level(connections.server_of(connection))
+        try:
+            with heard_cut(connection) as cut:
+                connection.commit()
+        except psycopg.OperationalError:
+            if connection.broken:
+                lost.append("the connection was lost during its commit")
+            raise
+        if cut:
+            lost.append(f"its commit stopped waiting for the synchronous standbys ({cut[0]})")
+        if lost:
+            proof = standbys_have(connection, level)
+            if proof is not True:
+                unknown.append(
+                    StorageFailed(
+                        f"cannot record the setting {key!r} in {where}: {lost[0]}, so its "
+                        f"outcome is unknown: {proof}"
+                    )
+                )
+                raise unknown[0]
         return str(row[0])
 
     try:
-        return connections.idempotent(record)  # the first value stays: writing it twice is safe
-    except psycopg.Error as error:
+        return connections.idempotent(record)
+    except (psycopg.Error, StorageFailed) as error:
+        if lost and error not in unknown:
+            # A later try failed, or waited out lock_timeout behind the lost commit: the
+            # earlier one may still have written (no errno: this is no mere timeout).
+            why = error.message if isinstance(error, StorageFailed) else describe(error)
+            raise StorageFailed(
+                f"cannot record the setting {key!r} in {where}: {lost[0]}, so its outcome "
+                f"is unknown ({why})"
+            ) from error
+        if isinstance(error, StorageFailed):
+            raise
         raise failure(f"cannot record the setting {key!r} in {where}", error) from error

@@ -19,6 +19,16 @@ the session ended, which is past the commit's own record. Positions that cannot 
 (a role without ``pg_read_all_stats``) or that do not get there in time leave the
 outcome unknown.
 
+A commit that did answer may have been cut short too: a cancel that reaches a session
+while its commit waits for the standbys (``pg_cancel_backend``, a pooler's query
+timeout, a blocking caller's interrupt; never ``statement_timeout``, which the server
+disarms before it commits) ends the wait, and ``COMMIT`` succeeds with only a warning
+(SQLSTATE ``01000``: "canceling wait for synchronous replication", "already committed
+locally"). Every commit listens for such a warning (``heard_cut``); one that carried it
+counts only once the standbys' positions prove it (``replicated``), else it is
+``STORAGE_FAILED`` saying the outcome is unknown. Any warning of that class counts,
+whatever its words, since the server may translate them.
+
 The session is named as the server names it (``pg_backend_pid()`` and its
 ``backend_start``, and behind a transaction pooler the start of the transaction too),
 never by libpq's backend pid, which a pooler invents.
@@ -26,9 +36,11 @@ never by libpq's backend pid, which a pooler invents.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from typing import Any, Final
+from collections.abc import Iterator
+from typing import Any, Final, Protocol
 
 import psycopg
 from psycopg import sql
@@ -37,12 +49,23 @@ from ..._model.errors import StorageFailed
 from .connections import Connections, ServerSession, connect, roll_back
 from .failures import describe, failure
 from .location import Location
-from .schema import Tables
-from .statements import column_bytes
 
-__all__ = ["Commits"]
+__all__ = ["PROOF_WAIT", "Commits", "commit_level", "heard_cut", "replicated", "standbys_have"]
+
+
+class Tables(Protocol):
+    """Of ``schema.Tables``, what a commit reads again: the records table (named so, not
+    imported, since ``schema`` proves its own commits here)."""
+
+    @property
+    def records(self) -> sql.Identifier: ...
+
 
 _FENCE_WAIT_MS: Final = 5000
+PROOF_WAIT: Final = 5.0
+"""Seconds the standbys' positions are awaited before a commit's outcome is unknown."""
+# The class of the warning that says a commit's wait for the standbys was cut short.
+_WARNING: Final = "01000"
 # ``[FIRST | ANY] num_sync ( names )``; a plain list (or ``*``) waits for one standby.
 _NUM_SYNC: Final = re.compile(r"\s*(?:(?:first|any)\s+)?(\d+)\s*\(", re.IGNORECASE)
 _WAITS_FOR_STANDBY: Final = "the commit is waiting for a synchronous standby"
@@ -76,7 +99,8 @@ class Commits:
         # connection can no longer say which server session it had.
         server = self._connections.server_of(connection)
         try:
-            connection.commit()
+            with heard_cut(connection) as cut:
+                connection.commit()
         except psycopg.Error as error:
             if not connection.broken and not isinstance(error, psycopg.OperationalError):
                 # The server answered: the transaction was rolled back.
@@ -104,6 +128,13 @@ class Commits:
                 f"record {digest}, and whether it was saved is unknown ({outcome})",
                 error,
             ) from error
+        if cut:
+            proof = standbys_have(connection, commit_level(server))
+            if proof is not True:
+                raise StorageFailed(
+                    f"the commit of the record {digest} in {where} stopped waiting for the "
+                    f"synchronous standbys ({cut[0]}), so its outcome is unknown: {proof}"
+                )
         self.commits += 1
 
     def _settle(
@@ -122,7 +153,7 @@ class Commits:
         since ours is over."""
         if server is None:
             return "the session that ran it is not known"
-        pid, started, transaction, level = server
+        pid, started, transaction, _ = server
         try:
             # Through owner_url, when given, the fence and the re-read skip the pooler.
             with connect(
@@ -152,10 +183,10 @@ class Commits:
                     sql.SQL("SELECT document FROM {} WHERE digest = %s").format(self._records),
                     (digest,),
                 ).fetchone()
-                now = None if found is None else column_bytes(found[0])
+                # bytes(): psycopg may hand out a memoryview of a bytea.
+                now = None if found is None else bytes(found[0])
                 if now == data:
-                    deadline = time.monotonic() + _FENCE_WAIT_MS / 1000
-                    return _replicated(fresh, level, deadline)
+                    return replicated(fresh, commit_level(server), time.monotonic() + PROOF_WAIT)
                 if now == before:
                     return False
                 return "the record has changed since"
@@ -163,7 +194,41 @@ class Commits:
             return f"cannot read it again: {describe(error)}"
 
 
-def _replicated(fresh: psycopg.Connection[Any], level: str, deadline: float) -> bool | str:
+def commit_level(server: ServerSession | None) -> str:
+    """The ``synchronous_commit`` a commit of ``server``'s session waited for; when the
+    session was not read, the strongest, so that no proof is weaker than it needed."""
+    return "remote_apply" if server is None else server[3]
+
+
+@contextlib.contextmanager
+def heard_cut(connection: psycopg.Connection[Any]) -> Iterator[list[str]]:
+    """Around ``COMMIT``: the warnings (SQLSTATE ``01000``) the server sent meanwhile,
+    such as the one that says its wait for the synchronous standbys was cut short and
+    the transaction committed on the primary alone."""
+    heard: list[str] = []
+
+    def listen(diagnostic: psycopg.errors.Diagnostic) -> None:
+        if diagnostic.sqlstate == _WARNING:
+            heard.append(diagnostic.message_primary or "a warning")
+
+    connection.add_notice_handler(listen)
+    try:
+        yield heard
+    finally:
+        connection.remove_notice_handler(listen)
+
+
+def standbys_have(connection: psycopg.Connection[Any], level: str) -> bool | str:
+    """``replicated`` asked on ``connection``, whose commit just answered (then rolled back)."""
+    try:
+        return replicated(connection, level, time.monotonic() + PROOF_WAIT)
+    except psycopg.Error as error:
+        return f"the standbys' positions cannot be read: {describe(error)}"
+    finally:
+        roll_back(connection)
+
+
+def replicated(fresh: psycopg.Connection[Any], level: str, deadline: float) -> bool | str:
     """True once the synchronous standbys the server waits for have everything written
     before now (flushed, or under ``remote_apply`` replayed); otherwise why not."""
     row = fresh.execute(
