@@ -149,7 +149,9 @@ class Trips:
         self._turns = None if at_once is None else _Turns(at_once)
         # Blocking calls (``itemjournal.sync``) under way, in their callers' threads.
         self._blocking = 0
-        self._blocking_idle = threading.Condition(threading.Lock())
+        # Guards the count; held only to change it. Closing polls the count down to zero
+        # rather than being notified: a notification would cost every call, closing is rare.
+        self._blocking_idle = threading.Lock()
         _ALL.add(self)
 
     def _forked(self) -> None:
@@ -157,7 +159,7 @@ class Trips:
         event loop the child does not have; it starts with none, and with locks of its own
         (one held by a parent's thread at the fork would never be released here)."""
         self._blocking = 0
-        self._blocking_idle = threading.Condition(threading.Lock())
+        self._blocking_idle = threading.Lock()
         self._in_flight = 0
         self._idle = None
         if self._at_once is not None:
@@ -220,12 +222,7 @@ class Trips:
         they are polled, as nothing of another event loop can wake this thread)."""
         with self._blocking_idle:
             self.closed = True
-            while self._blocking:
-                self._blocking_idle.wait()
-        delay = 0.0005
-        while self._in_flight:
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        _poll_down(lambda: self._blocking + self._in_flight)
 
     async def close(self) -> None:
         # Under the blocking calls' lock, so that a call counted from now on is refused;
@@ -254,9 +251,15 @@ class Trips:
             raise cancelled
 
     def _wait_blocking(self) -> None:
-        with self._blocking_idle:
-            while self._blocking:
-                self._blocking_idle.wait()
+        _poll_down(lambda: self._blocking)
+
+
+def _poll_down(count: Callable[[], int]) -> None:
+    """Wait (blocking the thread, in short and then longer sleeps) until ``count()`` is 0."""
+    delay = 0.0005
+    while count():
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 class _BlockingCall:
@@ -277,8 +280,6 @@ class _BlockingCall:
         trips = self._trips
         with trips._blocking_idle:
             trips._blocking -= 1
-            if not trips._blocking:
-                trips._blocking_idle.notify_all()
 
 
 class _Turns:
