@@ -435,6 +435,7 @@ class GatheringProvider(Provider):
         return await super().__call__(view)
 
 
+@pytest.mark.async_only  # its checks meet on one event loop; the blocking face's in test_sync_face
 async def test_limit_bounds_the_checks_in_flight(journal: Journal) -> None:
     await make_review(journal, [f"order-{n}" for n in range(40)])
     for limit in (1, 3, 12):

@@ -529,3 +529,36 @@ def test_an_interrupt_during_the_blocks_exit_lets_the_write_finish() -> None:
     view = journal.inspect(item("exit"))
     assert view.status == "needs_review"
     assert view.review_reason == "block raised RuntimeError: the provider timed out"
+
+
+def test_sync_reconcile_runs_at_most_limit_plain_checks_at_once(open_sync: SyncOpener) -> None:
+    """The blocking face's checks run in a pool of ``limit`` threads: the first checks are
+    held until ``limit`` of them are in flight, so fewer at once would never gather."""
+    journal = open_sync()
+    for n in range(12):
+        claim = journal.begin(item(f"limit-{n}"), INPUTS, DEFINITION)
+        assert isinstance(claim, Claim)
+        journal.mark_review(item(f"limit-{n}"), "timeout")
+    for limit in (1, 3, 5):
+        lock = threading.Condition()
+        in_flight = 0
+        most = 0
+        gathered = False
+
+        def check(
+            view: itemjournal.RecordView, limit: int = limit, lock: threading.Condition = lock
+        ) -> object:
+            nonlocal in_flight, most, gathered
+            with lock:
+                in_flight += 1
+                most = max(most, in_flight)
+                if in_flight >= limit:
+                    gathered = True
+                    lock.notify_all()
+                assert lock.wait_for(lambda: gathered, timeout=30), "never gathered"
+                in_flight -= 1
+            return itemjournal.Unknown("ask later")
+
+        report = journal.reconcile(check, limit=limit, dry_run=True)
+        assert len(report.unknown) == 12
+        assert most == limit, (limit, most)
