@@ -220,3 +220,47 @@ class Jet:
                 await client.close()
 
         asyncio.run(go())
+
+
+class JetWork(Jet):
+    """The streams of ``examples/broker_worker.py --broker nats://…`` for the work subject
+    ``subject``: the stream ``subject`` (a unique name holds no ``.``), the durable pull
+    consumer ``workers``, the review stream ``<subject>-review`` on ``<subject>.review``."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(subject)
+        self.stream = subject
+
+
+def read_review(place: Rabbit | Jet) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every message of the review queue or stream, as (body, headers), left in place."""
+
+    async def rabbit(queue_name: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        read = []
+        connection = await aio_pika.connect(AMQP_URL)
+        async with connection:  # closed unacknowledged: every message goes back
+            channel = await connection.channel()
+            queue = await channel.declare_queue(queue_name, durable=True)
+            while (message := await queue.get(no_ack=False, fail=False)) is not None:
+                read.append((json.loads(message.body), dict(message.headers)))
+        return read
+
+    async def jet(stream: str, subject: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        read = []
+        client = await nats.connect(NATS_URL)
+        try:
+            js = client.jetstream()
+            seq = (await js.stream_info(stream)).state.first_seq
+            while True:
+                try:
+                    message = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+                except NotFoundError:
+                    return read
+                read.append((json.loads(message.data or b""), dict(message.headers or {})))
+                seq = (message.seq or seq) + 1
+        finally:
+            await client.close()
+
+    if isinstance(place, Rabbit):
+        return asyncio.run(rabbit(place.review))
+    return asyncio.run(jet(place.review_stream, f"{place.name}.review"))

@@ -188,3 +188,29 @@ def test_celery_worker_keeps_its_environment_contract(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1
     assert "celery_worker: set LEDGER" in missing.stderr
+
+
+def test_broker_worker_names_what_it_needs_on_each_broker() -> None:
+    """RabbitMQ by default (AMQP_URL required, as before); ``--broker nats://…`` needs no
+    AMQP_URL; an unknown scheme is named."""
+    worker = str(EXAMPLES / "broker_worker.py")
+
+    def start(*args: str, **env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, worker, *args],
+            env={"PATH": "/usr/bin:/bin", **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1
+        return done.stderr
+
+    rabbit = start()
+    assert "set AMQP_URL, QUEUE, LEDGER, ITEMJOURNAL_LOCATION" in rabbit
+    nats = start("--broker", "nats://127.0.0.1:4222", QUEUE="q")
+    assert "set LEDGER, ITEMJOURNAL_LOCATION" in nats
+    assert "AMQP_URL" not in nats
+    other = start("--broker", "kafka://x", QUEUE="q", LEDGER="l", ITEMJOURNAL_LOCATION="j")
+    assert "--broker is amqp://, amqps://, nats:// or tls://, not 'kafka'" in other

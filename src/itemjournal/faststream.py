@@ -18,10 +18,14 @@ the broker (or to a router) as one of its ``middlewares``::
 
 For each message, in this order:
 
-1. Its identity is ``(scope, program, job, item)``, the item taken from the message: its
-   message id, a header, or a function of the decoded body; ``inputs`` (a function of the
-   decoded body) are its fingerprint. A message whose identity cannot be made is refused
-   (``INVALID_IDENTITY``, or the function's error).
+1. Its identity is ``(scope, program, job, item)``, the item taken from the message: the
+   id it carries (``MessageId()``), a header, or a function of the decoded body;
+   ``inputs`` (a function of the decoded body) are its fingerprint. A message whose
+   identity or inputs cannot be made, or are not valid (a label that is not one, a float
+   or a text too long among the inputs), is a plain refusal: handed to ``on_refused``
+   once (``INVALID_IDENTITY``, ``INVALID_LABEL``, ``INVALID_INPUTS``, or the function's
+   error as ``INVALID_IDENTITY``/``INVALID_INPUTS``), never run, never recorded, and not
+   raised to FastStream as a handler failure.
 2. It is claimed (``journal.claim``) before the handler runs: the ``started`` record is
    durable first. ``current_claim()`` gives the handler its claim; pass ``claim.key`` to
    the provider as its idempotency key.
@@ -33,15 +37,23 @@ For each message, in this order:
 5. A message the journal refuses (``REVIEW_REQUIRED``, ``IN_PROGRESS`` after ``wait``
    seconds, ``INPUT_CHANGED``, ``DEFINITION_CHANGED``, ``RECORD_INVALID``), and a message
    whose handler raised (its record now needs review), goes to ``on_refused``: by default
-   ``Reject()`` (no requeue: RabbitMQ's dead-letter exchange, JetStream's terminate);
-   ``DeadLetter(publish)`` publishes a copy with the reason in ``x-itemjournal-*``
-   headers, then acknowledges. Never dropped, never run a second time.
+   ``Reject()`` (no requeue: RabbitMQ's dead-letter exchange; JetStream terminates it,
+   keeping it in the stream without the reason); ``DeadLetter(publish)`` publishes a copy
+   with the reason in ``x-itemjournal-*`` headers (on JetStream, to a review stream),
+   then acknowledges. Never dropped, never run a second time.
 6. A storage failure before anything was claimed gives the message back (``nack``,
    requeued): nothing was recorded, so it may run later.
 
 ``stop_taking()`` starts a drain: later messages are given back before any claim, so the
 broker hands them to other workers, while those in flight finish. With FastStream's
 ``graceful_timeout`` the broker's ``stop()`` waits for them that long.
+
+On NATS JetStream, subscribe with a durable pull consumer (``durable=...,
+pull_sub=PullSub(batch_size=...)``) whose ``ack_wait`` exceeds the longest handler: a
+message not acknowledged within it is delivered again while its first run lives; the
+journal answers that delivery ``IN_PROGRESS`` and the middleware waits (``wait``) for the
+first run, then acknowledges the copy without running it. ``examples/broker_worker.py``
+runs on both brokers, with a review queue or stream and a re-drive.
 
 Do not use ``AckPolicy.ACK_FIRST`` with it: the acknowledgement must come after the record.
 """

@@ -7,12 +7,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aio_pika
 import anyio
+import nats
 import pytest
-from _brokers import AMQP_URL, Rabbit, body, require, unique
+from _brokers import AMQP_URL, NATS_URL, Jet, Rabbit, body, require, unique
+from faststream import BaseMiddleware
+from faststream.nats import JStream, NatsBroker, PullSub
 from faststream.rabbit import RabbitBroker, RabbitQueue
 
 from itemjournal import InvalidArgument, Journal
@@ -257,3 +260,203 @@ async def test_a_policy_that_fails_gives_the_message_back(tmp_path: Path, queue:
                 while len(tries) < 3:  # noqa: ASYNC110 - the broker redelivers
                     await anyio.sleep(0.02)
         assert await anyio.to_thread.run_sync(queue.waiting) == 1  # kept, not dropped
+
+
+class Recorder(BaseMiddleware):
+    """An outer middleware: what the journal's middleware raises to FastStream."""
+
+    raised: ClassVar[list[BaseException]] = []
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        try:
+            return await call_next(msg)
+        except Exception as error:
+            Recorder.raised.append(error)
+            raise
+
+
+@pytest.fixture(params=["rabbit", "nats"])
+def place(request: pytest.FixtureRequest) -> Any:
+    """A RabbitMQ queue or a JetStream stream (consumer ``workers``), each with its review
+    queue or stream, made before the test."""
+    require(request.param)
+    where = Rabbit(unique("ij-unit")) if request.param == "rabbit" else Jet(unique("ij-unit"))
+    where.publish([])
+    yield where
+    where.delete()
+
+
+def broker_on(where: Rabbit | Jet, *middlewares: Any) -> tuple[RabbitBroker | NatsBroker, Any]:
+    """A broker for ``where`` and the decorator of its subscriber (on JetStream, a durable
+    pull consumer)."""
+    if isinstance(where, Rabbit):
+        rabbit = RabbitBroker(AMQP_URL, middlewares=middlewares, logger=None)
+        return rabbit, rabbit.subscriber(RabbitQueue(where.name, durable=True))
+    jet = NatsBroker(NATS_URL, middlewares=middlewares, logger=None)
+    subscriber = jet.subscriber(
+        where.name,
+        stream=JStream(where.stream, declare=False),
+        durable="workers",
+        pull_sub=PullSub(batch_size=4, timeout=0.5),
+    )
+    return jet, subscriber
+
+
+def to_review_of(broker: RabbitBroker | NatsBroker, where: Rabbit | Jet) -> DeadLetter:
+    async def publish(data: bytes, headers: dict[str, Any]) -> object:
+        if isinstance(broker, RabbitBroker):
+            return await broker.publish(data, where.review, headers=headers)
+        assert isinstance(where, Jet)
+        return await broker.publish(
+            data, f"{where.name}.review", headers=headers, stream=where.review_stream
+        )
+
+    return DeadLetter(publish)
+
+
+async def until_reviewed(where: Rabbit | Jet, count: int) -> None:
+    with anyio.fail_after(20):
+        while await anyio.to_thread.run_sync(where.peek_review) < count:  # noqa: ASYNC110 - the broker
+            await anyio.sleep(0.05)
+    await anyio.sleep(0.5)  # time for a second refusal, were there one
+
+
+INVALID_ITEMS = [
+    ({"order": "o-float", "amount_cents": 12.5}, "INVALID_INPUTS"),
+    ({"order": "o-long", "amount_cents": "x" * 20_001}, "INVALID_INPUTS"),
+    ({"order": "an order", "amount_cents": 100}, "INVALID_LABEL"),
+    ({"order": "o" * 81, "amount_cents": 100}, "INVALID_LABEL"),
+]
+
+
+async def test_an_invalid_item_is_a_plain_refusal(tmp_path: Path, place: Rabbit | Jet) -> None:
+    """A message whose identity or inputs are refused (a float, a text too long, a label
+    that is not one) goes to ``on_refused`` once, is kept with its reason, and is not
+    raised to FastStream as a handler failure."""
+    Recorder.raised = []
+    refusals: list[Refusal] = []
+    ran: list[str] = []
+    async with await Journal.open(str(tmp_path / "j")) as journal:
+
+        async def policy(message: Any, refusal: Refusal) -> None:
+            refusals.append(refusal)
+            await dead_letter(message, refusal)
+
+        broker, subscriber = broker_on(place, Recorder, middleware(journal, on_refused=policy))
+        dead_letter = to_review_of(broker, place)
+
+        @subscriber
+        async def charge(b: dict[str, Any]) -> str:
+            ran.append(b["order"])
+            return "never"
+
+        async with broker:
+            await broker.start()
+            bodies = [json.dumps(b).encode() for b, _ in INVALID_ITEMS]
+            await anyio.to_thread.run_sync(place.publish, bodies)
+            await until_reviewed(place, len(bodies))
+        taken = await anyio.to_thread.run_sync(place.take_review)
+        waiting = await anyio.to_thread.run_sync(place.waiting)
+        records = [view async for view in journal.records()]
+    assert Recorder.raised == []  # never a handler failure
+    assert ran == [] and records == []  # nothing ran, nothing was recorded
+    expected = {b["order"]: code for b, code in INVALID_ITEMS}
+    assert sorted(r.code for r in refusals) == sorted(expected.values())  # once each
+    assert len(taken) == len(expected) and waiting == 0  # kept, and acknowledged
+    for message, headers in taken:
+        assert headers["x-itemjournal-code"] == expected[message["order"]]
+        assert headers["x-itemjournal-reason"]
+    inputs_refused = [r for r in refusals if r.code == "INVALID_INPUTS"]
+    assert all(r.identity is not None for r in inputs_refused)  # the identity was made
+    assert any("is a float" in r.reason for r in inputs_refused)
+
+
+async def test_message_id_is_the_id_the_message_carries(
+    tmp_path: Path, place: Rabbit | Jet
+) -> None:
+    """``MessageId()`` names the id a message carries (RabbitMQ's property, JetStream's
+    ``Nats-Msg-Id``); a message without one is refused, not named by an id FastStream makes
+    up afresh for each delivery."""
+    refusals: list[Refusal] = []
+    async with await Journal.open(str(tmp_path / "j")) as journal:
+
+        async def policy(message: Any, refusal: Refusal) -> None:
+            refusals.append(refusal)
+            await dead_letter(message, refusal)
+
+        broker, subscriber = broker_on(
+            place, middleware(journal, item=MessageId(), on_refused=policy)
+        )
+        dead_letter = to_review_of(broker, place)
+
+        @subscriber
+        async def charge(b: dict[str, Any]) -> str:
+            return "charged"
+
+        async with broker:
+            await broker.start()
+            if isinstance(place, Rabbit):  # aio-pika gives every message an id
+                await publish(place.name, body("x"), message_id="msg-7")
+            else:
+                await jet_publish(place.name, body("x"), {"Nats-Msg-Id": "msg-7"})
+                await jet_publish(place.name, body("y"), None)  # no id
+                await until_reviewed(place, 1)
+            await settled(journal, "msg-7", "succeeded")
+        records = [view.identity.item async for view in journal.records()]
+    assert records == ["msg-7"]
+    if isinstance(place, Jet):
+        assert [r.code for r in refusals] == ["INVALID_IDENTITY"]
+        assert "carries no id" in refusals[0].reason
+    else:
+        assert refusals == []
+
+
+async def jet_publish(subject: str, data: bytes, headers: dict[str, str] | None) -> None:
+    client = await nats.connect(NATS_URL)
+    try:
+        await client.jetstream().publish(subject, data, headers=headers)
+    finally:
+        await client.close()
+
+
+async def test_a_dead_letter_copy_on_jetstream_drops_what_jetstream_acts_on(
+    tmp_path: Path,
+) -> None:
+    """A refused message published with JetStream's own headers (an expected last sequence,
+    a de-duplication id) reaches the review stream: the copy carries none of them, and its
+    ``Nats-Msg-Id`` as ``message_id``."""
+    await anyio.to_thread.run_sync(require, "nats")
+    where = Jet(unique("ij-unit"))
+    await anyio.to_thread.run_sync(where.publish, [])
+    try:
+        async with await Journal.open(str(tmp_path / "j")) as journal:
+            claim = await journal.begin(ident("o5"), {"amount_cents": 100}, "charge-v1")
+            await journal.mark_review(claim.identity, "unknown outcome")
+
+            async def policy(message: Any, refusal: Refusal) -> None:
+                await dead_letter(message, refusal)
+
+            broker, subscriber = broker_on(where, middleware(journal, on_refused=policy))
+            dead_letter = to_review_of(broker, where)
+
+            @subscriber
+            async def charge(b: dict[str, Any]) -> str:
+                assert b["order"] == "filler"  # o5 is in review: never runs
+                return "charged"
+
+            await jet_publish(where.name, body("filler"), None)  # sequence 1
+            await jet_publish(
+                where.name,
+                body("o5"),
+                {"Nats-Expected-Last-Sequence": "1", "Nats-Msg-Id": "publish-o5"},
+            )
+            async with broker:
+                await broker.start()
+                await until_reviewed(where, 1)
+            taken = await anyio.to_thread.run_sync(where.take_review)
+    finally:
+        await anyio.to_thread.run_sync(where.delete)
+    ((_, headers),) = taken
+    assert headers["x-itemjournal-code"] == "REVIEW_REQUIRED"
+    assert headers["message_id"] == "publish-o5"
+    assert not [name for name in headers if name.startswith("Nats-Expected-Last")]

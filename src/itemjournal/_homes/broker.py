@@ -18,7 +18,13 @@ from .._journal.arguments import check_definitions, check_wait
 from .._journal.journal import Journal
 from .._model.conflicts import ConflictError
 from .._model.errors import InvalidArgument, JournalError, StorageFailed
-from .._model.identity import DefinitionLike, Identity, InputValue, coerce_identity
+from .._model.identity import (
+    DefinitionLike,
+    Identity,
+    InputValue,
+    coerce_identity,
+    input_digest,
+)
 from .._model.view import Claim
 from .once import _AS_STORED, _unpack
 
@@ -55,7 +61,10 @@ def current_claim() -> Claim:
 
 @dataclass(frozen=True, slots=True)
 class MessageId:
-    """The item label is the message's own id (RabbitMQ's ``message_id`` property)."""
+    """The item label is the id the message carries: RabbitMQ's ``message_id`` property, or
+    a ``message_id``, ``Nats-Msg-Id`` (JetStream's de-duplication id) or ``correlation_id``
+    header, in this order. A message without one is refused (``INVALID_IDENTITY``): the id
+    FastStream would make up for it changes with each delivery."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +80,10 @@ ItemSource: TypeAlias = "MessageId | Header | Callable[[Any], str]"
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why a message was not run: the error's ``code`` (``REVIEW_REQUIRED``,
-    ``IN_PROGRESS``, ``INPUT_CHANGED``, ``INVALID_IDENTITY``, a handler's failure as
-    ``HANDLER_FAILED``...), a short reason, and the record's identity and ``key`` when
-    they are known."""
+    ``IN_PROGRESS``, ``INPUT_CHANGED``, ``INVALID_IDENTITY``, ``INVALID_LABEL``,
+    ``INVALID_INPUTS``, a handler's failure as ``HANDLER_FAILED``...), a short reason, and
+    the record's identity and ``key`` when they are known (the identity of a message whose
+    inputs were refused, no key: nothing was recorded)."""
 
     code: str
     reason: str
@@ -96,8 +106,12 @@ RefusalPolicy: TypeAlias = "Callable[[StreamMessage[Any], Refusal], Awaitable[No
 class Reject:
     """The default policy: reject the message without requeueing it. RabbitMQ moves it to
     the queue's dead-letter exchange (``x-dead-letter-exchange``; with none configured,
-    RabbitMQ drops it: configure one); NATS JetStream terminates it (kept in the stream,
-    never delivered again, announced by a ``MSG_TERMINATED`` advisory)."""
+    RabbitMQ drops it: configure one). NATS JetStream terminates it (``+TERM``): it stays
+    in the stream under its sequence (until the stream's limits remove it), is never
+    delivered to that consumer again, and the server publishes a ``MSG_TERMINATED``
+    advisory (``$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>``) naming
+    the stream sequence, without the refusal's reason: the reason is only in the log. To
+    keep the reason with the message, use ``DeadLetter`` to a review stream."""
 
     async def __call__(self, message: StreamMessage[Any], refusal: Refusal) -> None:
         await message.reject()
@@ -110,13 +124,27 @@ class DeadLetter:
 
         DeadLetter(lambda body, headers: broker.publish(body, "orders.review",
                                                         headers=headers))
+
+    On JetStream, give ``publish`` the review stream (``broker.publish(..., stream=...)``)
+    so that it returns once JetStream has stored the copy. The copy keeps the message's
+    text headers but those JetStream acts on when a message is published (``Nats-*``:
+    expectations, rollups, time to live, de-duplication), which would refuse the copy or
+    harm the review stream; a ``Nats-Msg-Id`` travels as the ``message_id`` header, so
+    ``MessageId()`` names the same item when the copy is re-driven.
     """
 
     def __init__(self, publish: Callable[[bytes, dict[str, str]], Awaitable[object]]) -> None:
         self._publish = publish
 
     async def __call__(self, message: StreamMessage[Any], refusal: Refusal) -> None:
-        headers = {key: value for key, value in message.headers.items() if isinstance(value, str)}
+        headers = {
+            key: value
+            for key, value in message.headers.items()
+            if isinstance(value, str) and not key.lower().startswith("nats-")
+        }
+        own = message.headers.get("Nats-Msg-Id")
+        if isinstance(own, str) and own:
+            headers.setdefault("message_id", own)
         headers.update(refusal.headers())
         await self._publish(message.body, headers)
         await message.ack()
@@ -173,32 +201,56 @@ class JournalMiddleware:
         return _Scope(msg, context=context, owner=self)
 
     async def identity_of(self, message: StreamMessage[Any]) -> tuple[Identity, Inputs]:
-        """The identity and inputs of a message, as the middleware claims it."""
+        """The identity and inputs of a message, as the middleware claims it. Raises what
+        refuses the message: ``InvalidArgument`` (``INVALID_IDENTITY``, ``INVALID_LABEL``,
+        ``INVALID_INPUTS``) or the error of the ``item`` or ``inputs`` function."""
+        return await self._identity(message), await self._checked_inputs(message)
+
+    async def _identity(self, message: StreamMessage[Any]) -> Identity:
         if isinstance(self._item, MessageId):
-            item: object = message.message_id
+            item: object = _own_id(message)
+            if item is None:
+                raise InvalidArgument(
+                    "the message carries no id (no message_id property, no message_id, "
+                    "Nats-Msg-Id or correlation_id header), so MessageId() names nothing "
+                    "that a redelivery would name again",
+                    code="INVALID_IDENTITY",
+                )
         elif isinstance(self._item, Header):
             item = message.headers.get(self._item.name)
         else:
             item = self._item(await message.decode())
-        ident = coerce_identity((*self._labels, item))
+        return coerce_identity((*self._labels, item))
+
+    async def _checked_inputs(self, message: StreamMessage[Any]) -> Inputs:
         inputs = {} if self._inputs is None else self._inputs(await message.decode())
-        return ident, inputs
+        input_digest(inputs)  # refuses what the journal would refuse: a float, a long text
+        return inputs
 
     async def consume(self, call_next: Callable[[Any], Awaitable[Any]], message: Any) -> Any:
         if self._draining:
             await message.nack()
             return None
+        # A message the journal would refuse as an argument is a plain refusal: handed to
+        # the policy once, never raised to the broker as a handler failure.
         try:
-            ident, inputs = await self.identity_of(message)
+            ident = await self._identity(message)
         except Exception as error:
-            await self._refuse(message, Refusal(_code(error, "INVALID_IDENTITY"), str(error)))
+            await self._refuse(message, _plain(error, "INVALID_IDENTITY", None))
+            return None
+        try:
+            inputs = await self._checked_inputs(message)
+        except Exception as error:
+            await self._refuse(message, _plain(error, "INVALID_INPUTS", ident))
             return None
         self.in_flight += 1
         claimed: Claim | None = None
+        entered = False
         try:
             async with self.journal.claim(
                 ident, inputs, self._definition, wait=self._wait, compatible=self._compatible
             ) as attempt:
+                entered = True
                 if attempt.reused:
                     await message.ack()
                     return None
@@ -231,6 +283,9 @@ class JournalMiddleware:
             await self._refuse(message, _refusal(error, ident, claimed))
             raise
         except Exception as error:
+            if not entered and isinstance(error, InvalidArgument):  # refused before a claim
+                await self._refuse(message, _plain(error, "INVALID_ARGUMENT", ident))
+                return None
             await self._refuse(message, _refusal(error, ident, claimed))
             raise
         else:
@@ -258,6 +313,29 @@ class JournalMiddleware:
 
 def _code(error: BaseException, default: str) -> str:
     return error.code if isinstance(error, JournalError) else default
+
+
+def _plain(error: Exception, default: str, ident: Identity | None) -> Refusal:
+    """A refusal before any claim: the journal's message, or the function's error."""
+    if isinstance(error, JournalError):
+        return Refusal(error.code, error.message, ident)
+    reason = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return Refusal(default, reason, ident)
+
+
+def _own_id(message: StreamMessage[Any]) -> str | None:
+    """The id the message carries: RabbitMQ's ``message_id`` property, else a
+    ``message_id``, ``Nats-Msg-Id`` or ``correlation_id`` header. Not FastStream's
+    ``message.message_id`` as such: for a message without one it is made afresh for each
+    delivery, so a redelivery would be another item."""
+    own = getattr(message.raw_message, "message_id", None)
+    if isinstance(own, str) and own:
+        return own
+    for name in ("message_id", "Nats-Msg-Id", "correlation_id"):
+        value = message.headers.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 def _refusal(error: BaseException, ident: Identity, claimed: Claim | None) -> Refusal:
