@@ -38,14 +38,14 @@ def test_the_attempt_types_and_check_are_public() -> None:
 async def test_a_fresh_claim_then_a_reuse(journal: Journal) -> None:
     identity = Identity("shop", "billing", "charge", "types-1")
     async with journal.claim(identity, {}, DEFINITION) as attempt:
-        assert type(attempt) is ClaimedAttempt
+        assert attempt.__class__ is ClaimedAttempt  # (the blocking face: its ClaimedAttempt)
         assert attempt.reused is False
         assert attempt.receipt is None
         assert attempt.claim.identity == identity
         await attempt.complete("ch_1", result="{}")
         assert attempt.receipt == "ch_1"
     async with journal.claim(identity, {}, DEFINITION) as again:
-        assert type(again) is ReusedAttempt
+        assert again.__class__ is ReusedAttempt
         assert again.reused is True
         assert (again.receipt, again.result) == ("ch_1", "{}")
         assert again.settled
