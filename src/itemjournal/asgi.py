@@ -100,15 +100,17 @@ Given ``location``, the middleware opens the journal at lifespan startup (or on 
 first request when the server runs without lifespan) and closes it at lifespan
 shutdown (or on ``await middleware.aclose()``). Given ``journal``, the caller owns it.
 
-The code lives in ``itemjournal._homes.asgi`` (the middleware, the request's key and
-fingerprint, the stored response, the problem answers); this module is its public face.
+The code lives in ``itemjournal._homes.asgi`` (the middleware, reading the request and
+streaming the response) and ``itemjournal._homes.http`` (the policy it shares with
+``itemjournal.wsgi``: the key and fingerprint, the stored response, the problem answers);
+this module is its public face.
 """
 
-from ._homes.asgi import middleware as _middleware
 from ._homes.asgi import protocol as _protocol
-from ._homes.asgi.keys import DEFINITION, MAX_KEY_CHARS, MalformedKey, key_identity, parse_key
 from ._homes.asgi.middleware import IdempotencyMiddleware, claim_of
-from ._homes.asgi.responses import RELEASED_STATUSES, REPLAYED_HEADERS, replayable_response
+from ._homes.http import policy as _policy
+from ._homes.http.keys import DEFINITION, MAX_KEY_CHARS, MalformedKey, key_identity, parse_key
+from ._homes.http.responses import RELEASED_STATUSES, REPLAYED_HEADERS, replayable_response
 
 __all__ = [
     "DEFINITION",
@@ -125,7 +127,7 @@ __all__ = [
 
 # Not in ``__all__`` but public all the same: the middleware's signature names them, so
 # code that annotates its own application or scope function may use them.
-DEFAULT_MAX_BODY = _middleware.DEFAULT_MAX_BODY
+DEFAULT_MAX_BODY = _policy.DEFAULT_MAX_BODY
 Scope = _protocol.Scope
 Message = _protocol.Message
 Receive = _protocol.Receive

@@ -9,32 +9,40 @@ from what the application sent. The contract is written in ``itemjournal.asgi``.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Iterable
 
 import anyio
 
 from ..._journal.journal import Journal
-from ..._model.errors import InvalidArgument, JournalError
+from ..._model.errors import JournalError
 from ..._model.identity import Identity
-from ..._model.view import Claim, RecordView
+from ..._model.view import Claim
 from ..._model.withdrawal import Withdraw
-from .keys import (
-    DEFINITION,
-    LABEL,
-    MalformedKey,
-    header,
-    parse_key,
-    request_identity,
-    request_inputs,
+from ..http.policy import (
+    DEFAULT_MAX_BODY,
+    NO_RESPONSE,
+    UNFINISHED,
+    check_options,
+    check_scope_value,
+    declared_too_large,
+    released,
+    request_key,
 )
-from .problems import Answer, internal_error, refusal, unavailable, withdrawn_error
-from .protocol import ASGIApp, Message, Receive, Scope, ScopeFunction, Send, logger
-from .responses import RELEASED_STATUSES, Recorder, check_release, replay
+from ..http.problems import (
+    Answer,
+    internal_error,
+    refusal,
+    too_large,
+    unavailable,
+    withdrawn_error,
+)
+from ..http.responses import RELEASED_STATUSES, answered_reason
+from .keys import DEFAULT_SCOPE, DEFINITION, header, request_identity, request_inputs
+from .protocol import ASGIApp, Message, Receive, Scope, ScopeFunction, Send, logger, send_reply
+from .responses import Recorder, replay
 
 __all__ = ["DEFAULT_MAX_BODY", "IdempotencyMiddleware", "claim_of"]
 
-DEFAULT_MAX_BODY = 1024 * 1024
 _CLAIM_SCOPE_KEY = "itemjournal.claim"
 # Server extensions that would let a response bypass the body messages we record.
 _BYPASSING_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopy")
@@ -83,29 +91,13 @@ class IdempotencyMiddleware:
         max_body: int = DEFAULT_MAX_BODY,
         release: Iterable[int] = RELEASED_STATUSES,
     ) -> None:
-        if (location is None) == (journal is None):
-            raise InvalidArgument(
-                "give the middleware exactly one of location= or journal=",
-                code="INVALID_ARGUMENT",
-            )
-        if isinstance(scope, str) and not LABEL.fullmatch(scope):
-            raise InvalidArgument(
-                f"a fixed scope {scope!r} must match [A-Za-z0-9][A-Za-z0-9._-]{{0,79}}",
-                code="INVALID_LABEL",
-            )
-        if wait is not None and (
-            isinstance(wait, bool)
-            or not isinstance(wait, (int, float))
-            or not (math.isfinite(wait) and wait >= 0)
-        ):
-            raise InvalidArgument(
-                f"wait is a number of seconds, at least 0, or None, not {wait!r}",
-                code="INVALID_ARGUMENT",
-            )
-        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 0:
-            raise InvalidArgument(
-                f"max_body is a number of bytes, not {max_body!r}", code="INVALID_ARGUMENT"
-            )
+        release = check_options(
+            given=(location is not None) + (journal is not None),
+            scope=scope,
+            wait=wait,
+            max_body=max_body,
+            release=release,
+        )
         self.app = app
         self._location = location
         self._journal = journal
@@ -114,8 +106,7 @@ class IdempotencyMiddleware:
         self._required = required
         self._wait = wait
         self._max_body = max_body
-        # Statuses below 500 whose response releases the key instead of being kept.
-        self._release = check_release(release)
+        self._release = release
         self._opening: anyio.Lock | None = None
 
     @property
@@ -189,7 +180,7 @@ class IdempotencyMiddleware:
         try:
             prepared = await self._prepare(scope, receive)
         except Answer as answer:
-            await answer.send(send)
+            await send_reply(send, answer.reply)
             return
         if prepared is None:  # no key, and none required
             await self.app(scope, receive, send)
@@ -201,7 +192,7 @@ class IdempotencyMiddleware:
             journal = await self.open()
         except JournalError as error:
             logger.exception("itemjournal could not open %s", self._location)
-            await unavailable(error).send(send)
+            await send_reply(send, unavailable(error))
             return
         app_scope = dict(scope)
         extensions = scope.get("extensions")
@@ -223,32 +214,32 @@ class IdempotencyMiddleware:
                 app_scope[_CLAIM_SCOPE_KEY] = attempt.claim
                 await self.app(app_scope, _replaying(body, receive), recorder.send)
                 if not recorder.started:
-                    await attempt.mark_review("the application sent no response")
+                    await attempt.mark_review(NO_RESPONSE)
                 elif not recorder.finished:
-                    await attempt.mark_review("the application left its response unfinished")
+                    await attempt.mark_review(UNFINISHED)
                 elif recorder.held is not None:
-                    await attempt.mark_review(
-                        f"the application answered {recorder.status}; "
-                        "whether its effect happened is unknown"
-                    )
+                    await attempt.mark_review(answered_reason(recorder.status))
         except JournalError as error:
             if entered:
                 await _after_failure(send, recorder)
                 raise
-            await refusal(error).send(send)
+            refused = refusal(error)
+            if refused.status == 503:
+                logger.error("itemjournal refused an idempotent request: %s", error)
+            await send_reply(send, refused)
             return
         except Withdraw:
             # The application declared nothing was sent; the claim block withdrew the
             # claim (or found the record changed, and left it: then it is not free).
             view = None if recorder is None else recorder.attempt.view
-            await _after_failure(send, recorder, withdrawn=view is not None and _released(view))
+            await _after_failure(send, recorder, withdrawn=released(view))
             raise
         except Exception:
             await _after_failure(send, recorder)
             raise
         if recorder is not None:
             if not recorder.started:
-                await internal_error(send)
+                await send_reply(send, internal_error())
             elif recorder.held is not None:
                 await send(recorder.held)
 
@@ -256,31 +247,13 @@ class IdempotencyMiddleware:
         self, scope: Scope, receive: Receive
     ) -> tuple[Identity, dict[str, str | int], bytes] | _Gone | None:
         """Identity, inputs and body of a request with a key; None when it has none."""
-        values = header(scope, b"idempotency-key")
-        if not values:
-            required = self._required(scope) if callable(self._required) else self._required
-            if not required:
-                return None
-            raise Answer(
-                400,
-                "idempotency-key-missing",
-                "Idempotency-Key missing",
-                f"{scope.get('method')} requests to this resource need an Idempotency-Key "
-                'header, such as Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"',
-            )
-        if len(values) > 1:
-            raise Answer(
-                400,
-                "idempotency-key-malformed",
-                "Idempotency-Key malformed",
-                "the request carries more than one Idempotency-Key",
-            )
-        try:
-            key = parse_key(values[0])
-        except MalformedKey as error:
-            raise Answer(
-                400, "idempotency-key-malformed", "Idempotency-Key malformed", str(error)
-            ) from None
+        key = request_key(
+            header(scope, b"idempotency-key"),
+            scope.get("method"),
+            lambda: self._required(scope) if callable(self._required) else self._required,
+        )
+        if key is None:
+            return None
         scope_value = await self._scope_value(scope)
         body = await self._read_body(scope, receive)
         if body is None:
@@ -289,27 +262,17 @@ class IdempotencyMiddleware:
 
     async def _scope_value(self, scope: Scope) -> str:
         if self._scope is None:
-            return "default"
+            return DEFAULT_SCOPE
         if isinstance(self._scope, str):
             return self._scope
         value = self._scope(scope)
         if inspect.isawaitable(value):
             value = await value
-        if not isinstance(value, str) or not value:
-            raise TypeError(f"the scope function must return a non-empty str, not {value!r}")
-        return value
+        return check_scope_value(value)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole request body (None if the client left), refused beyond the limit."""
-        too_large = Answer(
-            413,
-            "request-too-large",
-            "Request body too large",
-            f"requests with an Idempotency-Key carry at most {self._max_body} bytes",
-        )
-        for declared in header(scope, b"content-length"):
-            if declared.strip().isdigit() and int(declared) > self._max_body:
-                raise too_large
+        declared_too_large(header(scope, b"content-length"), self._max_body)
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -321,7 +284,7 @@ class IdempotencyMiddleware:
             chunk = bytes(message.get("body", b""))
             size += len(chunk)
             if size > self._max_body:
-                raise too_large
+                raise Answer(too_large(self._max_body))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -329,13 +292,6 @@ class IdempotencyMiddleware:
 
 class _Gone:
     """The client disconnected before its request body arrived: nothing to answer."""
-
-
-def _released(view: RecordView) -> bool:
-    """Whether the request's record was just withdrawn: the key is free for a retry."""
-    return (
-        view.status == "released" and bool(view.history) and view.history[-1].event == "withdrawn"
-    )
 
 
 async def _after_failure(send: Send, recorder: Recorder | None, *, withdrawn: bool = False) -> None:
@@ -346,9 +302,9 @@ async def _after_failure(send: Send, recorder: Recorder | None, *, withdrawn: bo
     """
     try:
         if withdrawn and (recorder is None or not recorder.started):
-            await withdrawn_error(send)
+            await send_reply(send, withdrawn_error())
         elif recorder is None or not recorder.started:
-            await internal_error(send)
+            await send_reply(send, internal_error())
         elif recorder.held is not None:
             await send(recorder.held)
     except Exception:

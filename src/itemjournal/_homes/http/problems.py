@@ -1,24 +1,27 @@
-"""The middleware's own answers: ``application/problem+json`` documents (RFC 9457).
+"""The middlewares' own answers: ``application/problem+json`` documents (RFC 9457).
 
-Every refusal the middleware makes instead of running the application (a malformed or
-reused key, a request in progress or in review, a journal out of reach) and the 500 it
-sends after a failure is made here, so that each has one wording and one status.
+Every refusal a middleware makes instead of running the application (a missing, malformed
+or reused key, a body too large, a request in progress or in review, a journal out of
+reach) and the 500 it sends after a failure is made here, as a ``Reply`` each protocol
+sends in its own way, so that each answer has one wording and one status.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from ..._model.conflicts import ConflictError
 from ..._model.errors import JournalError
-from .protocol import Send, logger
 
 __all__ = [
     "Answer",
+    "Reply",
     "internal_error",
+    "problem",
     "refusal",
-    "send_problem",
+    "too_large",
     "unavailable",
     "withdrawn_error",
 ]
@@ -26,49 +29,25 @@ __all__ = [
 _PROBLEM = "urn:itemjournal:problem:"
 
 
-class Answer(Exception):
-    """A problem response to send instead of running the application."""
+@dataclass(frozen=True)
+class Reply:
+    """A whole response: its status, its headers (lower-case names, latin-1 text) in
+    order, and its body."""
 
-    def __init__(
-        self,
-        status: int,
-        slug: str,
-        title: str,
-        detail: str,
-        *,
-        headers: Iterable[tuple[bytes, bytes]] = (),
-        members: dict[str, object] | None = None,
-    ) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.slug = slug
-        self.title = title
-        self.detail = detail
-        self.headers = list(headers)
-        self.members = members or {}
-
-    async def send(self, send: Send) -> None:
-        await send_problem(
-            send,
-            self.status,
-            self.slug,
-            self.title,
-            self.detail,
-            headers=self.headers,
-            members=self.members,
-        )
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
 
 
-async def send_problem(
-    send: Send,
+def problem(
     status: int,
     slug: str,
     title: str,
     detail: str,
     *,
-    headers: Iterable[tuple[bytes, bytes]] = (),
+    headers: Iterable[tuple[str, str]] = (),
     members: dict[str, object] | None = None,
-) -> None:
+) -> Reply:
     document: dict[str, object] = {
         "type": _PROBLEM + slug,
         "title": title,
@@ -77,35 +56,50 @@ async def send_problem(
     }
     document.update(members or {})
     body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/problem+json"),
-                (b"content-length", str(len(body)).encode("ascii")),
-                *headers,
-            ],
-        }
+    return Reply(
+        status,
+        [
+            ("content-type", "application/problem+json"),
+            ("content-length", str(len(body))),
+            *headers,
+        ],
+        body,
     )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def unavailable(error: JournalError) -> Answer:
-    return Answer(
+class Answer(Exception):
+    """A problem response to send instead of running the application."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(f"answered {reply.status}")
+        self.reply = reply
+
+
+def unavailable(error: JournalError) -> Reply:
+    return problem(
         503,
         "journal-unavailable",
         "Idempotency journal unavailable",
         "the request was not run: its idempotency record could not be read or written",
-        headers=[(b"retry-after", b"5")],
+        headers=[("retry-after", "5")],
         members={"code": error.code},
     )
 
 
-def refusal(error: JournalError) -> Answer:
-    """The answer to a claim the journal refused (the application did not run)."""
+def too_large(max_body: int) -> Reply:
+    return problem(
+        413,
+        "request-too-large",
+        "Request body too large",
+        f"requests with an Idempotency-Key carry at most {max_body} bytes",
+    )
+
+
+def refusal(error: JournalError) -> Reply:
+    """The answer to a claim the journal refused (the application did not run); a 503 for
+    a refusal that is not about the request (the caller logs it)."""
     if error.code in ("INPUT_CHANGED", "DEFINITION_CHANGED"):
-        return Answer(
+        return problem(
             422,
             "idempotency-key-reused",
             "Idempotency-Key reused",
@@ -113,18 +107,18 @@ def refusal(error: JournalError) -> Answer:
             members={"code": error.code},
         )
     if error.code == "IN_PROGRESS":
-        return Answer(
+        return problem(
             409,
             "request-in-progress",
             "Request in progress",
             "a request with this Idempotency-Key is still being processed; retry later",
-            headers=[(b"retry-after", b"1")],
+            headers=[("retry-after", "1")],
             members={"code": error.code},
         )
     if error.code == "REVIEW_REQUIRED":
         view = error.view if isinstance(error, ConflictError) else None
         reason = view.review_reason if view is not None else None
-        return Answer(
+        return problem(
             409,
             "review-required",
             "Request needs review",
@@ -133,13 +127,11 @@ def refusal(error: JournalError) -> Answer:
             "an operator resolves it",
             members={"code": error.code, "review_reason": reason},
         )
-    logger.error("itemjournal refused an idempotent request: %s", error)
     return unavailable(error)
 
 
-async def internal_error(send: Send) -> None:
-    await send_problem(
-        send,
+def internal_error() -> Reply:
+    return problem(
         500,
         "internal-error",
         "Internal Server Error",
@@ -148,11 +140,10 @@ async def internal_error(send: Send) -> None:
     )
 
 
-async def withdrawn_error(send: Send) -> None:
+def withdrawn_error() -> Reply:
     """The 500 after an application raised ``Withdraw``: it failed, but it declared that
     nothing was sent, so its key was released and a retry runs the request again."""
-    await send_problem(
-        send,
+    return problem(
         500,
         "request-withdrawn",
         "Request failed before any effect",
