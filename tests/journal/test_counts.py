@@ -341,6 +341,7 @@ def shown_counts(page: str) -> dict[str, int]:
     return {status: int(number) for status, number in found}
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_the_first_page_shows_counts_at_a_bounded_cost(
     journal: Journal, store_kind: str, place: str | None
 ) -> None:
@@ -367,6 +368,7 @@ async def test_the_first_page_shows_counts_at_a_bounded_cost(
         assert 'href="/api/counts"' in full.text
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_a_file_store_beyond_the_count_limit_links_to_the_full_count(
     journal: Journal, file_only: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -386,6 +388,7 @@ async def test_a_file_store_beyond_the_count_limit_links_to_the_full_count(
         assert 'id="counts-note"' not in page.text
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_a_store_that_cannot_be_read_fails_the_first_page(
     journal: Journal, store_kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -402,6 +405,7 @@ async def test_a_store_that_cannot_be_read_fails_the_first_page(
         assert (await client.get("/counts")).status_code == 200
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_a_tally_that_cannot_be_read_is_a_storage_failure(
     journal: Journal, store_kind: str, place: str | None
 ) -> None:

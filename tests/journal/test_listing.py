@@ -227,6 +227,7 @@ async def test_prune_removes_only_old_resolved_records(journal: Journal) -> None
     assert await journal.verify() == ()
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_prune_keeps_a_record_that_changed_since_the_scan(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -361,6 +361,7 @@ async def test_mixed_verdicts_over_hundreds_of_records(journal: Journal) -> None
     assert {i for i in last if last[i] != after[i]} == {ident("order-10"), ident("order-21")}
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_a_record_changed_between_the_check_and_the_write_is_left(
     make_journal: Callable[..., Awaitable[Journal]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -613,6 +614,7 @@ async def test_failures_name_the_exception_whatever_its_message(journal: Journal
     assert texts["order-2"].startswith("ValueError: xxx")
 
 
+@pytest.mark.async_only  # its faults are injected through the async journal or store
 async def test_a_resolution_that_cannot_be_written_fails_alone(
     journal: Journal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
