@@ -11,9 +11,11 @@ client, with the environment it reads:
 * ``ITEMJOURNAL_LOCATION``: the journal (a directory, ``sqlite:///…`` or
   ``postgresql://…``), shared by every process of the server;
 * ``LEDGER``: the stand-in for the invoicing service, a text file with one line per
-  invoice sent: ``<customer> <amount_cents> <claim key>``, appended and fsynced;
-* ``EFFECT_SECONDS`` (default 0): how long the effect lingers after the line is written
-  and before the tool answers, so the server can be killed in the middle of it.
+  invoice sent: ``<customer> <amount_cents> <claim key>``, appended and fsynced; an
+  invoice is sent when, and only when, its line is there;
+* ``EFFECT_SECONDS`` (default 0): how long sending takes: the effect waits this long,
+  then appends its line, then the tool answers; a server killed during the wait has
+  sent nothing (no line), and its call is uncertain all the same (it needs review).
 
 ``what_happened`` is the check that settles an uncertain call from the ledger:
 
@@ -66,10 +68,11 @@ async def send_invoice(
     if amount_cents <= 0:
         raise itemjournal.Withdraw(f"amount_cents must be positive, not {amount_cents}")
     key = current_claim().key
+    # Sending takes EFFECT_SECONDS; the invoice is out once its line is in the ledger.
+    await anyio.sleep(float(os.environ.get("EFFECT_SECONDS", "0")))
     await anyio.to_thread.run_sync(
         _append, os.environ["LEDGER"], f"{customer} {amount_cents} {key}"
     )
-    await anyio.sleep(float(os.environ.get("EFFECT_SECONDS", "0")))
     return {"invoice": invoice_id(key)}
 
 

@@ -34,6 +34,7 @@ from ._model.identity import Identity as Identity
 from ._model.identity import definition_digest as definition_digest
 from ._model.identity import identity_digest as identity_digest
 from ._model.identity import input_digest as input_digest
+from ._model.identity import label as label
 from ._model.records import Event as Event
 from ._model.records import Owner as Owner
 from ._model.verdicts import Check as Check
@@ -92,6 +93,7 @@ __all__ = [
     "drain_on_signals",
     "identity_digest",
     "input_digest",
+    "label",
     "once",
     "run_each",
 ]

@@ -22,12 +22,14 @@ and works with its ``MCPServer``::
 
 The identity of a call is ``(scope, program, tool name, item)``: ``program`` is ``"mcp"``
 unless given, the tool name is the function's (``name=`` when the server registers it
-under another), and the item is ``k.<key>`` for a value of the ``key_argument``
-(``idempotency_key`` by default; a key that is not a label, or longer than 76
-characters, becomes ``kh.<its SHA-256>``), or ``a.<fingerprint>`` when the tool declares
-no such argument or the call leaves it out: the SHA-256 of the arguments' canonical JSON
-(sorted keys, compact, UTF-8), so the same arguments are the same call. ``identity=`` is
-a function ``(tool name, arguments) -> identity`` for any other choice.
+under another), and the item is ``itemjournal.label("k." + key)`` for a text value of
+the ``key_argument`` (``idempotency_key`` by default): ``k.<key>`` itself when that is a
+label, otherwise its readable start and its digest (a value that is not text:
+``label("kj." + its JSON)``), or ``a.<fingerprint>`` when the tool declares no such
+argument or the call leaves it out: the SHA-256 of the arguments' canonical JSON (sorted
+keys, compact, UTF-8), so the same arguments are the same call. ``identity=`` is a
+function ``(tool name, arguments) -> identity`` for any other choice (``itemjournal.label``
+turns any text into a label).
 
 The record's inputs are the arguments without the key argument (and without the
 server's ``Context`` parameter), when they fit the journal's input rules (at most 20
@@ -55,6 +57,10 @@ What a call answers, as a ``CallToolResult``:
   ``current_claim().key`` the tool was given) and its identity for ``itemjournal show``.
 * the tool raised ``itemjournal.Withdraw`` (nothing was sent): the claim is withdrawn,
   and a tool error says nothing was done and the call may be corrected and made again.
+* arguments that cannot be recorded (text that is not Unicode, such as the lone
+  surrogate a JSON ``"\\ud800"`` escape makes; NaN or an infinity; a value with no JSON
+  form): a tool error naming the argument and saying nothing was done; nothing is
+  claimed, nothing runs, and ``_meta["itemjournal"]`` carries no key (there is no record).
 
 The receipt of a call is ``sha256:`` and the SHA-256 of its stored answer. An answer
 that cannot be stored for replay (not text or JSON, over 64 KiB) leaves the

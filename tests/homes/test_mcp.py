@@ -95,7 +95,8 @@ async def test_a_key_that_is_not_a_label_is_hashed(journal: Journal) -> None:
     await tool.send("ann", 500, idempotency_key="order 7 / ann")
     assert len(tool.runs) == 1
     [view] = [view async for view in journal.records(scope="agent")]
-    assert view.identity.item.startswith("kh.")
+    assert view.identity.item == itemjournal.label("k.order 7 / ann")
+    assert view.identity.item.startswith("k.order-7-ann_")
 
 
 async def test_the_key_argument_and_the_identity_are_configurable(journal: Journal) -> None:

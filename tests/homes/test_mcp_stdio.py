@@ -110,31 +110,37 @@ async def test_the_same_call_five_times_is_one_effect(agent: Agent) -> None:
     assert not any(r.is_error for r in results)
 
 
-async def test_a_server_killed_mid_effect_is_never_run_again(agent: Agent) -> None:
+async def test_a_server_killed_during_the_effect_is_never_run_again(agent: Agent) -> None:
+    """The effect waits EFFECT_SECONDS, then appends its line: a server killed during the
+    wait sent nothing, and its call is still never run again until a person (here, the
+    example's check, which finds no line) settles it."""
     async with await Journal.open(agent.location) as journal:
         with pytest.raises(Exception):  # noqa: B017 - the transport fails as it may
             async with agent.conversation(effect_seconds=60) as session:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(session.call_tool, TOOL, INVOICE)
                     with anyio.fail_after(30):
-                        # The ledger line is written; the tool has not answered yet.
-                        while not agent.effects():  # noqa: ASYNC110 - another process writes it
+                        # Claimed: the effect has begun its wait; no line yet.
+                        while (await journal.inspect(IDENTITY)).status != "started":  # noqa: ASYNC110
                             await anyio.sleep(0.05)
+                    await anyio.sleep(0.5)  # well inside the wait
                     view = await journal.inspect(IDENTITY)
                     assert view.status == "started"
                     assert view.owner is not None
+                    assert agent.effects() == []
                     os.kill(view.owner.pid, signal.SIGKILL)
                     with anyio.fail_after(30):
                         while (await journal.inspect(IDENTITY)).owner_alive:  # noqa: ASYNC110
                             await anyio.sleep(0.05)
                     tg.cancel_scope.cancel()
                 raise RuntimeError("the server is gone")
-        assert len(agent.effects()) == 1
+        assert agent.effects() == []  # killed before its line: nothing was sent
+        assert not agent.ledger.exists()
 
         async with agent.conversation() as session:  # restarted; the agent repeats the call
             repeated = await session.call_tool(TOOL, INVOICE)
             again = await session.call_tool(TOOL, INVOICE)
-        assert len(agent.effects()) == 1
+        assert agent.effects() == []  # no second effect: the retry did not run it
         view = await journal.inspect(IDENTITY)
         assert view.status == "needs_review"
         for result in (repeated, again):
@@ -160,15 +166,30 @@ async def test_a_server_killed_mid_effect_is_never_run_again(agent: Agent) -> No
             check=False,
         )
         assert settle.returncode == 0, settle.stderr.decode()
-        assert json.loads(settle.stdout)["counts"]["happened"] == 1
-        assert (await journal.inspect(IDENTITY)).status == "succeeded"
+        assert json.loads(settle.stdout)["counts"]["did_not_happen"] == 1
+        assert (await journal.inspect(IDENTITY)).status == "released"
 
-        async with agent.conversation() as session:
-            settled = await session.call_tool(TOOL, INVOICE)
-        assert not settled.is_error
-        assert replayed(settled)
-        assert json.loads(text(settled)) == {"invoice": "inv_" + view.key[:16]}
-        assert len(agent.effects()) == 1
+        async with agent.conversation() as session:  # released: now it runs, once
+            sent = await session.call_tool(TOOL, INVOICE)
+            replay = await session.call_tool(TOOL, INVOICE)
+        assert not sent.is_error
+        assert not replayed(sent)
+        assert replayed(replay)
+        assert json.loads(text(sent)) == {"invoice": "inv_" + view.key[:16]}
+        assert agent.effects() == [f"acme 1250 {view.key}"]
+
+
+async def test_the_ledger_line_comes_after_the_effect_seconds(agent: Agent) -> None:
+    """The contract of the example: EFFECT_SECONDS of delay, then the line."""
+    async with agent.conversation(effect_seconds=1.5) as session:
+        began = anyio.current_time()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session.call_tool, TOOL, INVOICE)
+            with anyio.fail_after(30):
+                while not agent.effects():  # noqa: ASYNC110 - another process writes it
+                    await anyio.sleep(0.02)
+            assert anyio.current_time() - began >= 1.5
+    assert len(agent.effects()) == 1
 
 
 @pytest.mark.skipif(

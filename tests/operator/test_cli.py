@@ -488,7 +488,9 @@ def test_resolve_a_record_not_in_review(loc: str) -> None:
     line = one_error(
         invoke("-L", loc, "resolve", *ORDER_4, "--retry", "--note", "n"), "NOT_IN_REVIEW", 1
     )
-    assert line == "error: NOT_IN_REVIEW: the record is started, not needs_review"
+    assert line.startswith("error: NOT_IN_REVIEW: the record is started, not needs_review. ")
+    assert "shop/billing/charge/order-4" in line  # the refusal names the record
+    assert f"`itemjournal show shop billing charge order-4 --location {loc}`" in line
     one_error(
         invoke("-L", loc, "resolve", *ORDER_1, "--receipt", "r", "--note", "n"), "NOT_IN_REVIEW", 1
     )

@@ -18,21 +18,28 @@ from typing import TypeVar
 from .._model import machine
 from .._model.conflicts import ConflictError
 from .._model.identity import Identity, identity_digest
-from .._model.records import Owner, Record, utc_now
+from .._model.records import Owner, Record, parse_process, utc_now
+from .._model.refusals import Where, explain
 from .._model.view import Claim, RecordView, Reuse
+from .._stores.owners import known_own_owner
+from .._stores.registry import redact
 from .._stores.seam import Step, Store
 
 __all__ = [
     "BeginSteps",
     "Liveness",
+    "Where",
     "complete_step",
+    "explained",
     "mark_review_step",
     "prune_step",
     "refusing",
     "resolve_step",
     "same",
     "sweep_step",
+    "this_process",
     "view_of",
+    "where_of",
     "withdraw_step",
 ]
 
@@ -48,15 +55,70 @@ def view_of(identity: Identity, record: Record | None, alive: Liveness) -> Recor
     return RecordView.of(identity, record, known)
 
 
+# The schemes of the locations an ``itemjournal`` command opens (an absolute directory too).
+_COMMAND_SCHEMES = ("sqlite://", "postgresql://", "postgres://")
+
+
+def where_of(store: Store, input_kind: str, *, awaited: bool) -> Where:
+    """Where the journal over ``store`` is, as its refusals name it: the location with its
+    secrets hidden, or None when it is not one a command can open (a store in memory);
+    ``awaited``: the journal is the async one."""
+    location = store.location
+    reachable = location.startswith("/") or location.startswith(_COMMAND_SCHEMES)
+    return Where(
+        location=redact(location) if reachable else None,
+        keyed=input_kind != "sha256",
+        trust_shared_root=getattr(store, "trust_shared_root", False) is True,
+        awaited=awaited,
+    )
+
+
+def this_process(owner: Owner | None) -> bool | None:
+    """Whether ``owner`` is this very process; None when that cannot be told here.
+
+    This process knows its exact name once it has named itself for a claim
+    (``known_own_owner``, which reads nothing); a record that names its owner exactly
+    was written by another process when this one never named itself so."""
+    name = None if owner is None else parse_process(owner.process)
+    if owner is None or name is None or name.ticks is None:
+        return None  # not named exactly: no process can be told from another
+    me = known_own_owner()
+    if me is None:
+        return False
+    return (owner.process, owner.pid) == (me.process, me.pid)
+
+
+def explained(
+    error: ConflictError,
+    identity: Identity,
+    record: Record | None,
+    alive: Liveness,
+    where: Where,
+) -> ConflictError:
+    """``error`` with the record's view attached and its message made whole: what the
+    record says and the next step (``refusals.explain``). Liveness and whether the owner
+    is this process are judged here, in the worker trip."""
+    view = view_of(identity, record, alive)
+    own = this_process(view.owner) if view.status == "started" else None
+    error.view = view
+    error.message = explain(error.message, error.code, view, own=own, where=where)
+    error.args = (error.message,)
+    return error
+
+
 def refusing(
-    identity: Identity, record: Record | None, alive: Liveness, call: Callable[[], T]
+    identity: Identity,
+    record: Record | None,
+    alive: Liveness,
+    call: Callable[[], T],
+    where: Where,
 ) -> T:
-    """Run a state-machine call; a refusal leaves with the record's view attached."""
+    """Run a state-machine call; a refusal leaves with the record's view attached and its
+    message made whole (``explained``)."""
     try:
         return call()
     except ConflictError as error:
-        error.view = view_of(identity, record, alive)
-        raise
+        raise explained(error, identity, record, alive, where) from None
 
 
 def same(record: Record, view: RecordView) -> bool:
@@ -82,9 +144,11 @@ class BeginSteps:
         input_hash: str,
         definition_hash: str,
         store: Store,
+        where: Where,
         compatible: frozenset[str] = frozenset(),
     ) -> None:
         self._identity = identity
+        self._where = where
         self._input_kind = input_kind
         self._input_hash = input_hash
         self._definition_hash = definition_hash
@@ -122,14 +186,14 @@ class BeginSteps:
                 owner_gone=gone,
                 compatible=self._compatible,
             ),
+            self._where,
         )
         if new is None:
             assert current is not None
             assert current.receipt is not None
             return Step(None, Reuse(current.receipt, ident, current.attempt, result=current.result))
         if new.status != "started":  # a dead owner's claim, marked: write, then refuse
-            refusal = machine.refusal_after(new)
-            refusal.view = view_of(ident, new, alive)
+            refusal = explained(machine.refusal_after(new), ident, new, alive, self._where)
             return Step(new, refusal)
         self._granted.append((current, new.claim_id))
         claim = Claim(
@@ -156,7 +220,13 @@ class BeginSteps:
 
 
 def complete_step(
-    identity: Identity, claim: Claim, receipt: str, result: str | None, alive: Liveness
+    identity: Identity,
+    claim: Claim,
+    receipt: str,
+    result: str | None,
+    alive: Liveness,
+    *,
+    where: Where,
 ) -> Callable[[Record | None], Step[RecordView]]:
     def step(current: Record | None) -> Step[RecordView]:
         new = refusing(
@@ -172,6 +242,7 @@ def complete_step(
                 now=utc_now(),
                 result=result,
             ),
+            where,
         )
         return Step(new, view_of(identity, new, alive))
 
@@ -179,7 +250,7 @@ def complete_step(
 
 
 def mark_review_step(
-    identity: Identity, reason: str | None, claim_id: str | None, alive: Liveness
+    identity: Identity, reason: str | None, claim_id: str | None, alive: Liveness, where: Where
 ) -> Callable[[Record | None], Step[RecordView]]:
     def step(current: Record | None) -> Step[RecordView]:
         new = refusing(
@@ -187,6 +258,7 @@ def mark_review_step(
             current,
             alive,
             lambda: machine.mark_review(current, reason=reason, claim_id=claim_id, now=utc_now()),
+            where,
         )
         return Step(new, view_of(identity, new, alive))
 
@@ -198,6 +270,8 @@ def withdraw_step(
     claim: Claim,
     reason: str,
     alive: Liveness,
+    *,
+    where: Where,
     own: list[Record] | None = None,
 ) -> Callable[[Record | None], Step[RecordView]]:
     """The claim's record ``released`` under ``withdrawn``, unless someone changed it.
@@ -222,6 +296,7 @@ def withdraw_step(
                 reason=reason,
                 now=utc_now(),
             ),
+            where,
         )
         if own is not None:
             own.append(new)
@@ -238,6 +313,7 @@ def resolve_step(
     *,
     expect: RecordView | None,
     alive: Liveness,
+    where: Where,
 ) -> Callable[[Record | None], Step[RecordView]]:
     """With ``expect``, only the very record that view shows: one that changed since is
     refused ``NOT_IN_REVIEW`` in the same atomic step that would have written it."""
@@ -249,8 +325,7 @@ def resolve_step(
                 f"updated {expect.updated_at}); it is left as it is now",
                 code="NOT_IN_REVIEW",
             )
-            error.view = view_of(identity, current, alive)
-            raise error
+            raise explained(error, identity, current, alive, where)
         new = refusing(
             identity,
             current,
@@ -258,6 +333,7 @@ def resolve_step(
             lambda: machine.resolve(
                 current, receipt=receipt, note=note, now=utc_now(), result=result
             ),
+            where,
         )
         return Step(new, view_of(identity, new, alive))
 

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Awaitable
 from typing import Final, TypeVar, cast
 
-from .._model.errors import InvalidArgument, JournalError
+from .._model.errors import InvalidArgument
 from .._stores.seam import BlockingStore, Store
 
 __all__ = ["ASYNC", "LoopGuard", "awaited", "blocking", "require_blocking"]
@@ -74,12 +74,14 @@ class LoopGuard:
         with self._lock:
             owner = self._thread
             if owner is not None and owner != me and _alive(owner):
-                raise JournalError(
+                # A code of the contract's list (SPEC section 4): the journal was used
+                # where it cannot be; the message says why and what to use instead.
+                raise InvalidArgument(
                     "this Journal belongs to the event loop that first used it, in another "
-                    "thread; an async Journal serves one event loop (any number of its tasks). "
-                    "Open a Journal per event loop, or share one itemjournal.sync.Journal "
-                    "between threads",
-                    code="OTHER_EVENT_LOOP",
+                    "thread (OTHER_EVENT_LOOP); an async Journal serves one event loop (any "
+                    "number of its tasks). Open a Journal per event loop, or share one "
+                    "itemjournal.sync.Journal between threads",
+                    code="INVALID_ARGUMENT",
                 )
             self._thread = me
 

@@ -73,11 +73,13 @@ class Journal:
         if not ASYNC:
             require_blocking(store)
         self._store = store
+        self._alive = store.owner_alive
         self._digester = InputDigester(input_key)
         self._observer = Observer()
         # Set by ``itemjournal.otel.instrument``: what wraps each operation in a span.
         self._tracing: Tracing | None = None
-        self._runner = Runner(store, self._observer, self._span)
+        self._runner = Runner(store, self._observer, self._span, self._digester.kind)
+        self._where = self._runner.where  # this journal, as its refusals name it
         self._maintenance = Maintenance(self._runner)
         # Identities in flight, and open claims this journal granted: empty when at rest.
         self._busy = self._runner.turns.busy
@@ -189,6 +191,7 @@ class Journal:
                 input_hash=input_hash,
                 definition_hash=definition_hash,
                 store=self._store,
+                where=self._where,
                 compatible=accepted,
             )
             return self._runner.apply_begin(ident, steps)
@@ -202,7 +205,7 @@ class Journal:
                     outcome = await wait_while_in_progress(turns, ident, attempt, limit)
             except ConflictError as refusal:
                 self._observer.refused("begin", ident, refusal)
-                raise
+                raise refusal.with_traceback(None) from None  # its message tells it all
             if isinstance(outcome, Claim):
                 span.set("outcome", "claimed")
                 span.set("claim_id", outcome.claim_id)
@@ -225,7 +228,7 @@ class Journal:
         receipt = check_receipt(receipt)
         result = check_result(result)
         ident = coerce_identity(claim.identity)
-        step = complete_step(ident, claim, receipt, result, self._store.owner_alive)
+        step = complete_step(ident, claim, receipt, result, self._alive, where=self._where)
         return await self._runner.apply_view("complete", ident, step, "completed")
 
     async def mark_review(self, identity: IdentityLike, reason: str | None = None) -> RecordView:
@@ -238,7 +241,7 @@ class Journal:
     async def _mark_review(
         self, ident: Identity, reason: str | None, claim_id: str | None
     ) -> RecordView:
-        step = mark_review_step(ident, reason, claim_id, self._store.owner_alive)
+        step = mark_review_step(ident, reason, claim_id, self._alive, self._where)
         return await self._runner.apply_view("mark_review", ident, step, "marked")
 
     async def withdraw(self, claim: Claim, reason: str) -> RecordView:
@@ -251,7 +254,7 @@ class Journal:
         self, claim: Claim, reason: str, own: list[Record] | None = None
     ) -> RecordView:
         ident = coerce_identity(claim.identity)
-        step = withdraw_step(ident, claim, reason, self._store.owner_alive, own)
+        step = withdraw_step(ident, claim, reason, self._alive, where=self._where, own=own)
         return await self._runner.apply_view("withdraw", ident, step, "withdrawn")
 
     async def resolve(
@@ -286,7 +289,7 @@ class Journal:
         view shows: one that changed since (another attempt, another decision) is refused
         ``NOT_IN_REVIEW`` in the same atomic step that would have written it."""
         step = resolve_step(
-            ident, receipt, note, result, expect=expect, alive=self._store.owner_alive
+            ident, receipt, note, result, expect=expect, alive=self._alive, where=self._where
         )
         return await self._runner.apply_view(
             "resolve", ident, step, "resolved", ends_in_status=True

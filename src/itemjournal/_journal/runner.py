@@ -22,7 +22,7 @@ from .._model.identity import Identity
 from .._model.records import Record
 from .._model.view import Claim, RecordView, Reuse
 from .._stores.seam import Step, Store
-from .decisions import BeginSteps, view_of
+from .decisions import BeginSteps, Where, view_of, where_of
 from .faces import ASYNC, LoopGuard
 from .observe import Observer, Span
 from .turns import Turns
@@ -40,7 +40,11 @@ class Runner:
     """A journal's way to its store: turns per identity, steps, undo, and the log."""
 
     def __init__(
-        self, store: Store, observer: Observer, span: Callable[[str, Identity | None], Span]
+        self,
+        store: Store,
+        observer: Observer,
+        span: Callable[[str, Identity | None], Span],
+        input_kind: str,
     ) -> None:
         self.store = store
         self.observer = observer
@@ -49,6 +53,11 @@ class Runner:
         self.turns = Turns()
         if ASYNC:
             self.guard = LoopGuard()
+            awaited = True
+        else:
+            awaited = False
+        # The journal as its refusals name it: where it is, and how its calls are made.
+        self.where: Where = where_of(store, input_kind, awaited=awaited)
 
     async def apply_view(
         self,
@@ -63,7 +72,10 @@ class Runner:
         which is given the outcome and the attempt (and the status, for an operation that
         can end in more than one)."""
         with self.span(operation, identity) as span:
-            view = await self.apply(operation, identity, step)
+            try:
+                view = await self.apply(operation, identity, step)
+            except ConflictError as refusal:  # its message says what the frames below would
+                raise refusal.with_traceback(None) from None
             span.set("outcome", outcome)
             if ends_in_status:
                 span.set("status", view.status)

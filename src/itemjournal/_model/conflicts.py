@@ -16,8 +16,10 @@ __all__ = ["ConflictError", "UnresolvedClaim"]
 class ConflictError(JournalError):
     """The record's state refuses the request; ``view`` shows the record as it is.
 
-    Codes: ``INPUT_CHANGED``, ``DEFINITION_CHANGED``, ``REVIEW_REQUIRED``,
-    ``CLAIM_MISMATCH``, ``NOT_STARTED``, ``NOT_IN_REVIEW``, ``INPUT_KEY_MISMATCH``.
+    Codes: ``INPUT_CHANGED``, ``DEFINITION_CHANGED``, ``IN_PROGRESS``, ``REVIEW_REQUIRED``,
+    ``CLAIM_MISMATCH``, ``NOT_STARTED``, ``NOT_IN_REVIEW``, ``INPUT_KEY_MISMATCH``. The
+    message names the identity's labels and the record's key, says what the record says
+    and ends with the next step, as a call or an ``itemjournal`` command (``refusals``).
     """
 
     code = "CONFLICT"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import hmac
@@ -24,6 +25,7 @@ __all__ = [
     "definition_digest",
     "identity_digest",
     "input_digest",
+    "label",
     "require_hash",
 ]
 
@@ -63,6 +65,51 @@ def check_label(value: object, what: str = "label") -> str:
             code="INVALID_LABEL",
         )
     return value
+
+
+# What ``label`` makes of a text that is not a label as it is: up to ``_READABLE``
+# characters of it, ``_``, and its SHA-256 in lowercase base32 (52 characters, unpadded);
+# or the 52 characters alone when nothing of it is readable. A label of this shape is
+# never given back as it is: it is digested like any other text, so that no text's
+# digested label is another text unchanged.
+_READABLE = 27
+_DIGESTED = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]{0,26}_)?[a-z2-7]{52}")
+_NOT_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def label(text: str) -> str:
+    """``text`` as a label (``[A-Za-z0-9][A-Za-z0-9._-]{0,79}``): an e-mail address, an
+    HTTP key, a file name, any ``str``.
+
+    A text that is a label already is its own label (``label("order-3") == "order-3"``),
+    unless it has the shape of a digested one (below). Any other text is digested: its
+    first characters as far as a label can hold them (each run of other characters
+    becomes ``-``, what would begin it with ``.``, ``_`` or ``-`` is dropped; at most 27),
+    then ``_`` and the SHA-256 of the text's UTF-8 bytes (a lone surrogate encoded as
+    ``surrogatepass`` does) in lowercase base32 without padding, 52 characters; the 52
+    characters alone when no character of the text is readable::
+
+        label("alice@example.com")
+        # 'alice-example.com_' followed by 52 characters of a-z and 2-7
+
+    The digest makes it stable across versions, processes and machines, and keeps two
+    different texts from ever giving one label: the label of a text that is not one
+    already always has the digested shape (it ends in 52 characters of ``a-z2-7``,
+    alone or after ``_`` and at most 27 characters), and a label of that shape is
+    digested too, never given back as it is. Case and every character count: ``"A"`` and
+    ``"a"``, ``"x "`` and ``"x"`` are different texts. Only a ``str`` is a text
+    (``INVALID_ARGUMENT`` otherwise).
+    """
+    if not isinstance(text, str):
+        raise InvalidArgument(
+            f"label() takes a str, not {type(text).__name__}", code="INVALID_ARGUMENT"
+        )
+    if _LABEL.fullmatch(text) is not None and _DIGESTED.fullmatch(text) is None:
+        return text
+    raw = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    digest = base64.b32encode(raw).decode("ascii").rstrip("=").lower()
+    readable = _NOT_LABEL_CHARS.sub("-", text).lstrip("._-")[:_READABLE].rstrip("._-")
+    return f"{readable}_{digest}" if readable else digest
 
 
 def coerce_identity(value: object) -> Identity:

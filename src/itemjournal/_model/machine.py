@@ -74,14 +74,15 @@ def begin(
         if current.status == "succeeded":
             if current.definition_hash in compatible:
                 return None
+            made_by = current.definition_hash
             raise ConflictError(
-                f"succeeded record was made by another definition ({current.definition_hash}); "
-                f"if this code is compatible with it, name it in compatible=(...) to reuse "
-                f"its receipt",
+                f"succeeded record was made by another definition ({made_by}); if this code "
+                f'is compatible with it, pass `compatible=("{made_by}",)` to reuse its receipt',
                 code="DEFINITION_CHANGED",
             )
         raise ConflictError(
-            f"{current.status} record was made by another definition", code="DEFINITION_CHANGED"
+            f"{current.status} record was made by another definition ({current.definition_hash})",
+            code="DEFINITION_CHANGED",
         )
     if current.status == "succeeded":
         return None
@@ -89,12 +90,7 @@ def begin(
         if owner_gone:
             reason = owner_gone
             return current.advance("begin", "needs_review", now, reason, review_reason=reason)
-        holder = current.owner
-        who = "" if holder is None else f" by pid {holder.pid} on {holder.host}"
-        raise ConflictError(
-            f"attempt {current.attempt} is in progress{who}; wait for it (wait=...) or retry later",
-            code="IN_PROGRESS",
-        )
+        raise ConflictError(f"attempt {current.attempt} is in progress", code="IN_PROGRESS")
     raise ConflictError(
         f"attempt {current.attempt} is {current.status}; an operator must resolve it",
         code="REVIEW_REQUIRED",
@@ -105,7 +101,7 @@ def refusal_after(marked: Record) -> ConflictError:
     """The refusal ``begin`` raises after writing a dead owner's record as ``needs_review``."""
     return ConflictError(
         f"attempt {marked.attempt} was started by an owner that is gone; it now needs "
-        f"review ({marked.review_reason}); an operator must resolve it",
+        f"review; an operator must resolve it",
         code="REVIEW_REQUIRED",
     )
 

@@ -29,6 +29,7 @@ from .._model.conflicts import ConflictError, UnresolvedClaim
 from .._model.errors import InvalidArgument
 from .._model.identity import DefinitionLike, Identity, IdentityLike, InputValue, coerce_identity
 from .._model.records import Record, utc_now
+from .._model.refusals import unresolved
 from .._model.view import Claim, RecordView, Reuse
 from .._model.withdrawal import Withdraw, fit_note
 from .._stores.seam import Step
@@ -177,6 +178,7 @@ class ClaimContext:
     ) -> None:
         self._journal = journal
         self._runner = runner
+        self._where = runner.where
         self._args = (identity, inputs, definition)
         self._wait = wait
         self._compatible = compatible
@@ -242,6 +244,7 @@ class ClaimContext:
                 lambda: machine.mark_review(
                     current, reason=reason, claim_id=claim.claim_id, now=utc_now()
                 ),
+                self._where,
             )
             written.append(new)
             return Step(new, (False, view_of(ident, new, alive)))
@@ -274,7 +277,11 @@ class ClaimContext:
                 raise cancelled
             if exc is None:
                 raise UnresolvedClaim(
-                    f"the claim on {list(claim.identity)} ended unresolved; it now needs review",
+                    unresolved(
+                        f"the claim on {list(claim.identity)} ended unresolved; it now needs review",
+                        view,
+                        where=self._where,
+                    ),
                     view=view,
                 )
             return False
@@ -291,5 +298,5 @@ class ClaimContext:
         if isinstance(error, ConflictError):
             raise UnresolvedClaim(
                 f"the claim on {list(claim.identity)} ended unresolved ({error})", view=error.view
-            ) from error
+            ) from None
         raise error

@@ -72,10 +72,12 @@ class Journal:
     def __init__(self, store: BlockingStore, *, input_key: bytes | None = None) -> None:
         require_blocking(store)
         self._store = store
+        self._alive = store.owner_alive
         self._digester = InputDigester(input_key)
         self._observer = Observer()
         self._tracing: Tracing | None = None
-        self._runner = Runner(store, self._observer, self._span)
+        self._runner = Runner(store, self._observer, self._span, self._digester.kind)
+        self._where = self._runner.where
         self._maintenance = Maintenance(self._runner)
         self._busy = self._runner.turns.busy
         self._live = self._runner.turns.live
@@ -183,6 +185,7 @@ class Journal:
                 input_hash=input_hash,
                 definition_hash=definition_hash,
                 store=self._store,
+                where=self._where,
                 compatible=accepted,
             )
             return self._runner.apply_begin(ident, steps)
@@ -196,7 +199,7 @@ class Journal:
                     outcome = wait_while_in_progress(turns, ident, attempt, limit)
             except ConflictError as refusal:
                 self._observer.refused("begin", ident, refusal)
-                raise
+                raise refusal.with_traceback(None) from None
             if isinstance(outcome, Claim):
                 span.set("outcome", "claimed")
                 span.set("claim_id", outcome.claim_id)
@@ -217,7 +220,7 @@ class Journal:
         receipt = check_receipt(receipt)
         result = check_result(result)
         ident = coerce_identity(claim.identity)
-        step = complete_step(ident, claim, receipt, result, self._store.owner_alive)
+        step = complete_step(ident, claim, receipt, result, self._alive, where=self._where)
         return self._runner.apply_view("complete", ident, step, "completed")
 
     def mark_review(self, identity: IdentityLike, reason: str | None = None) -> RecordView:
@@ -228,7 +231,7 @@ class Journal:
         return self._mark_review(ident, reason, None)
 
     def _mark_review(self, ident: Identity, reason: str | None, claim_id: str | None) -> RecordView:
-        step = mark_review_step(ident, reason, claim_id, self._store.owner_alive)
+        step = mark_review_step(ident, reason, claim_id, self._alive, self._where)
         return self._runner.apply_view("mark_review", ident, step, "marked")
 
     def withdraw(self, claim: Claim, reason: str) -> RecordView:
@@ -239,7 +242,7 @@ class Journal:
 
     def _withdraw(self, claim: Claim, reason: str, own: list[Record] | None = None) -> RecordView:
         ident = coerce_identity(claim.identity)
-        step = withdraw_step(ident, claim, reason, self._store.owner_alive, own)
+        step = withdraw_step(ident, claim, reason, self._alive, where=self._where, own=own)
         return self._runner.apply_view("withdraw", ident, step, "withdrawn")
 
     def resolve(
@@ -274,7 +277,7 @@ class Journal:
         view shows: one that changed since (another attempt, another decision) is refused
         ``NOT_IN_REVIEW`` in the same atomic step that would have written it."""
         step = resolve_step(
-            ident, receipt, note, result, expect=expect, alive=self._store.owner_alive
+            ident, receipt, note, result, expect=expect, alive=self._alive, where=self._where
         )
         return self._runner.apply_view("resolve", ident, step, "resolved", ends_in_status=True)
 

@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
-from .._journal.decisions import BeginSteps, view_of
+from .._journal.decisions import BeginSteps, Where, view_of, where_of
 from .._journal.observe import Observer, Span
 from .._model.conflicts import ConflictError
 from .._model.errors import StorageFailed
@@ -36,12 +36,18 @@ class Runner:
     """A journal's way to its store: turns per identity, steps, undo, and the log."""
 
     def __init__(
-        self, store: BlockingStore, observer: Observer, span: Callable[[str, Identity | None], Span]
+        self,
+        store: BlockingStore,
+        observer: Observer,
+        span: Callable[[str, Identity | None], Span],
+        input_kind: str,
     ) -> None:
         self.store = store
         self.observer = observer
         self.span = span
         self.turns = Turns()
+        awaited = False
+        self.where: Where = where_of(store, input_kind, awaited=awaited)
 
     def apply_view(
         self,
@@ -56,7 +62,10 @@ class Runner:
         which is given the outcome and the attempt (and the status, for an operation that
         can end in more than one)."""
         with self.span(operation, identity) as span:
-            view = self.apply(operation, identity, step)
+            try:
+                view = self.apply(operation, identity, step)
+            except ConflictError as refusal:
+                raise refusal.with_traceback(None) from None
             span.set("outcome", outcome)
             if ends_in_status:
                 span.set("status", view.status)

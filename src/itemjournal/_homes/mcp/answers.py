@@ -30,6 +30,7 @@ __all__ = [
     "still_running",
     "stored_result",
     "uncertain",
+    "unrecordable",
     "withdrawn",
 ]
 
@@ -181,6 +182,17 @@ def withdrawn(key: str, reason: str) -> CallToolResult:
     )
 
 
+def unrecordable(why: str) -> CallToolResult:
+    """The arguments cannot be recorded (``tool.unrecordable``): nothing was claimed and
+    nothing ran, so there is no record and no key."""
+    return _error(
+        f"Refused: {why}, so the tool did not run and nothing was done. Correct the "
+        "arguments and call again; a call with the same arguments gets this answer again.",
+        None,
+        {"outcome": "not_done"},
+    )
+
+
 def _result(texts: list[str], structured: Any, meta: dict[str, Any]) -> CallToolResult:
     return CallToolResult(
         content=[TextContent(type="text", text=text) for text in texts],
@@ -189,8 +201,9 @@ def _result(texts: list[str], structured: Any, meta: dict[str, Any]) -> CallTool
     )
 
 
-def _error(text: str, key: str, extra: dict[str, Any] | None = None) -> CallToolResult:
-    meta: dict[str, Any] = {"key": key, **(extra or {})}
+def _error(text: str, key: str | None, extra: dict[str, Any] | None = None) -> CallToolResult:
+    meta: dict[str, Any] = {} if key is None else {"key": key}
+    meta.update(extra or {})
     return CallToolResult(
         content=[TextContent(type="text", text=text)], is_error=True, _meta={META_KEY: meta}
     )

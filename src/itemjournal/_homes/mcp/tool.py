@@ -33,6 +33,7 @@ from ..._journal.journal import Journal
 from ..._model.conflicts import ConflictError
 from ..._model.errors import InvalidArgument
 from ..._model.identity import (
+    MAX_INPUT_INT,
     DefinitionLike,
     Identity,
     IdentityLike,
@@ -40,6 +41,7 @@ from ..._model.identity import (
     check_label,
     coerce_identity,
     identity_digest,
+    label,
 )
 from ..._model.view import Claim
 from ..sources import JournalSource, journal_of
@@ -51,8 +53,6 @@ Arguments: TypeAlias = "Mapping[str, Any]"
 
 P = ParamSpec("P")
 
-# A key kept as it is in the item ``k.<key>``, which must stay a label (80 characters).
-_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,75}")
 _INPUT_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 _MAX_INPUTS = 20
 _MAX_TEXT = 20_000
@@ -74,16 +74,54 @@ def current_claim() -> Claim:
     return claim
 
 
-def fingerprint(arguments: Arguments) -> str:
-    """SHA-256 hex of the arguments' canonical JSON (sorted keys, compact, UTF-8)."""
+def _canonical(value: object) -> bytes:
+    """The canonical JSON of ``value`` (sorted keys, compact, UTF-8); ``ValueError`` for a
+    value JSON cannot carry (NaN, an infinity, an object of no JSON form) or text that
+    is not Unicode (a lone surrogate: ``UnicodeEncodeError``, a ``ValueError`` too)."""
     text = json.dumps(
-        to_jsonable_python(dict(arguments)),
+        to_jsonable_python(value),
         sort_keys=True,
         ensure_ascii=False,
         separators=(",", ":"),
         allow_nan=False,
     )
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return text.encode("utf-8")
+
+
+def fingerprint(arguments: Arguments) -> str:
+    """SHA-256 hex of the arguments' canonical JSON (sorted keys, compact, UTF-8)."""
+    return hashlib.sha256(_canonical(dict(arguments))).hexdigest()
+
+
+def unrecordable(arguments: Arguments) -> str | None:
+    """Why ``arguments`` cannot be recorded (named by the first argument at fault), or
+    None when they can: every name and value must have one canonical JSON text in UTF-8.
+    A call refused here never reaches the journal, so nothing runs."""
+    for name, value in arguments.items():
+        shown = json.dumps(name) if isinstance(name, str) else repr(name)
+        if not isinstance(name, str) or not _is_text(name):
+            return f"the argument name {shown} is not plain Unicode text"
+        try:
+            _canonical(value)
+        except UnicodeEncodeError:
+            return (
+                f"the argument {shown} holds text that is not valid Unicode (a lone "
+                "surrogate, as a JSON \\ud800 escape makes)"
+            )
+        except (ValueError, TypeError):
+            return (
+                f"the argument {shown} holds a value JSON cannot carry (NaN or an infinity, "
+                "or an object with no JSON form)"
+            )
+    return None
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def inputs_of(arguments: Arguments) -> dict[str, InputValue]:
@@ -94,7 +132,7 @@ def inputs_of(arguments: Arguments) -> dict[str, InputValue]:
         and _INPUT_KEY.fullmatch(name) is not None
         and (
             value is None
-            or isinstance(value, int)
+            or (isinstance(value, int) and -MAX_INPUT_INT <= value <= MAX_INPUT_INT)
             or (isinstance(value, str) and len(value) <= _MAX_TEXT)
         )
         for name, value in arguments.items()
@@ -233,6 +271,9 @@ class EffectOnce:
                 code="INVALID_ARGUMENT",
             )
         journal = await self._journal_now()
+        problem = unrecordable(arguments)
+        if problem is not None:
+            return answers.unrecordable(problem)
         ident = self._identity_of(name, arguments)
         key = identity_digest(ident)
         where = " ".join(ident)
@@ -292,10 +333,10 @@ class EffectOnce:
         if given is None:
             rest = {k: v for k, v in arguments.items() if k != self._key_argument}
             item = "a." + fingerprint(rest)
-        elif isinstance(given, str) and _LABEL.fullmatch(given):
-            item = "k." + given
-        else:
-            item = "kh." + hashlib.sha256(str(given).encode("utf-8")).hexdigest()
+        elif isinstance(given, str):
+            item = label("k." + given)  # "k.<key>" when that is a label: see itemjournal.mcp
+        else:  # not text: its JSON, apart from every text key
+            item = label("kj." + _canonical(given).decode("utf-8"))
         return Identity(self._scope, self._program, name, item)
 
     async def _definitions(self, func: Callable[..., Any]) -> tuple[str, frozenset[str]]:
