@@ -253,8 +253,16 @@ def chaos(broker_url: str, tmp_path: Path, **extra: str) -> dict[str, Any]:
         for kind in kinds:
             time.sleep(rng.uniform(0.15, 0.6))
             if kind == "child":
-                children = pool_children(workers)
-                os.kill(rng.choice(children), signal.SIGKILL)  # the pool starts another
+                # A child listed may end (a pool restarting it) before the kill lands:
+                # take another, as listed then.
+                for _ in range(20):
+                    try:
+                        os.kill(rng.choice(pool_children(workers)), signal.SIGKILL)
+                        break  # the pool starts another
+                    except ProcessLookupError:
+                        time.sleep(0.05)
+                else:
+                    pytest.fail("no pool child lived long enough to be killed")
             else:
                 victim = rng.choice(workers.alive())
                 os.kill(victim.pid, signal.SIGKILL)

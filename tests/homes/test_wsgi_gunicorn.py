@@ -409,6 +409,10 @@ async def _kill_mid_run(server: Server) -> None:
                 again["422 INPUT_CHANGED"] += 1
     effects = Counter(int(line.split()[0]) for line in server.ledger.read_text().splitlines())
     assert max(effects.values()) == 1, "no key's effect twice"
+    # A key whose record the killed worker left started, asked again with a changed body,
+    # was answered 422 (inputs are checked before status) and is still started: the sweep
+    # an operator runs after a crash sends it to review, as begin does for the others.
+    await in_thread(lambda journal: journal.sweep(), server.location)
     views = await in_thread(lambda journal: list(journal.records()), server.location)
     statuses = Counter(view.status for view in views)
     assert statuses["succeeded"] + statuses["needs_review"] == len(views) == KEYS
