@@ -563,3 +563,38 @@ def test_sync_reconcile_runs_at_most_limit_plain_checks_at_once(open_sync: SyncO
         report = journal.reconcile(check, limit=limit, dry_run=True)
         assert len(report.unknown) == 12
         assert most == limit, (limit, most)
+
+
+# ---------------------------------------------------------------------------- turns of threads
+
+
+def test_a_turn_let_go_before_the_wait_is_taken_at_once() -> None:
+    from itemjournal._sync.turns import Turns
+
+    turns = Turns()
+    identity = itemjournal.Identity(*item("turn"))
+    turns.wait_turn(identity)  # nobody has it (any more): taken, no waiting
+    assert identity in turns.busy
+    turns.release(identity)
+    assert turns.busy == {}
+
+
+def test_sync_once_takes_a_function_that_gives_the_journal(open_sync: SyncOpener) -> None:
+    journal = open_sync()
+    effects: list[str] = []
+
+    @sync.once(lambda: journal, identity=item("from-a-function"), definition="v1")
+    def charge() -> str:
+        effects.append("charged")
+        return "ch-f"
+
+    assert charge() == "ch-f" and charge() == "ch-f"
+    assert effects == ["charged"]
+
+    @sync.once(lambda: "not a journal", identity=item("wrong"), definition="v1")  # type: ignore[arg-type, return-value]
+    def wrong() -> str:  # pragma: no cover - refused before it runs
+        return "never"
+
+    with pytest.raises(itemjournal.InvalidArgument) as refused:
+        wrong()
+    assert "not a Journal" in str(refused.value)

@@ -462,3 +462,40 @@ def test_a_store_closed_before_the_fork_stays_closed_in_the_child(location: str)
         answer = pipe.read().decode()
     os.waitpid(pid, 0)
     assert answer == "refused"
+
+
+def test_starting_over_as_a_child_would_makes_a_pool_and_session_of_its_own(
+    location: str,
+) -> None:
+    """What the fork hook does in a child, done here in the test's process (where coverage
+    sees it): the store starts over with parts none of which is connected, connects at its
+    first use, and vouches for its next claim with an owner session of its own; the parts
+    it had are left alone, still working, until their owner closes them."""
+    store = opened(location)
+    first = claim_of(store, ident("over", "a"))
+    store.apply_blocking(ident("over", "a"), lambda current: Step(first, None))
+    old_session = first.owner.session if first.owner is not None else None
+    inherited = store._start_over()
+    try:
+        assert isinstance(inherited, tuple)
+        assert store._pool is None  # nothing connected until the first use
+        second = claim_of(store, ident("over", "b"))
+        store.apply_blocking(ident("over", "b"), lambda current: Step(second, None))
+        assert second.owner is not None and second.owner.session != old_session
+        assert store.peek_blocking(ident("over", "a"), keep) == first  # still readable
+        assert store.owner_alive(first.owner) is True  # the old session was never closed
+    finally:
+        store.close_blocking()
+        _trips, old_connections, old_lock, _commits, _step = inherited
+        old_lock.close()
+        pool = old_connections.detach()
+        if pool is not None:
+            pool.close()
+
+
+def test_a_store_closed_before_starting_over_stays_closed(location: str) -> None:
+    store = opened(location)
+    store.close_blocking()
+    store._start_over()
+    with pytest.raises(StorageFailed):
+        store.peek_blocking(ident("closed"), keep)
