@@ -416,7 +416,8 @@ async def _kill_mid_run(server: Server) -> None:
     views = await in_thread(lambda journal: list(journal.records()), server.location)
     statuses = Counter(view.status for view in views)
     assert statuses["succeeded"] + statuses["needs_review"] == len(views) == KEYS
-    assert statuses["needs_review"] >= 1, "the kill left a request between effect and record"
+    # The worker killed made the latest effect: it was between that effect and its record
+    # (then that key is in review) or already in its next request (then none is).
     for view in views:
         if view.status == "succeeded":
             assert view.receipt is not None and view.receipt.startswith("http 201")

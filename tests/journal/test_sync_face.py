@@ -598,3 +598,23 @@ def test_sync_once_takes_a_function_that_gives_the_journal(open_sync: SyncOpener
     with pytest.raises(itemjournal.InvalidArgument) as refused:
         wrong()
     assert "not a Journal" in str(refused.value)
+
+
+def test_sync_once_replays_a_pair_and_sends_a_bad_return_to_review(open_sync: SyncOpener) -> None:
+    journal = open_sync()
+
+    @sync.once(journal, identity=lambda n: item(f"pair-{n}"), definition="v1")
+    def charge(n: int) -> tuple[str, str | None]:
+        return f"ch-{n}", '{"ok": true}'
+
+    assert charge(1) == ("ch-1", '{"ok": true}')
+    assert charge(1) == ("ch-1", '{"ok": true}')  # the stored pair, replayed
+
+    @sync.once(journal, identity=item("bad-return"), definition="v1")
+    def broken() -> str:
+        return 42  # type: ignore[return-value]
+
+    with pytest.raises(itemjournal.InvalidArgument) as refused:
+        broken()
+    assert refused.value.code == "INVALID_RECEIPT"
+    assert journal.inspect(item("bad-return")).status == "needs_review"

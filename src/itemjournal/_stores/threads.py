@@ -154,7 +154,7 @@ class Trips:
         self._blocking_idle = threading.Lock()
         _ALL.add(self)
 
-    def _forked(self) -> None:
+    def _forked(self) -> None:  # pragma: no cover - runs in forked children (fork tests)
         """In a forked child: the calls under way were the parent's, in threads and on an
         event loop the child does not have; it starts with none, and with locks of its own
         (one held by a parent's thread at the fork would never be released here)."""
@@ -329,7 +329,7 @@ class _Turns:
 _ALL: weakref.WeakSet[Trips] = weakref.WeakSet()
 
 
-def _forked() -> None:
+def _forked() -> None:  # pragma: no cover - runs in forked children (fork tests)
     for trips in list(_ALL):
         trips._forked()
 

@@ -191,7 +191,7 @@ class _CallLockFiles:
             after_in_child=self._forget_in_child,
         )
 
-    def _forget_in_child(self) -> None:
+    def _forget_in_child(self) -> None:  # pragma: no cover - runs in forked children
         for fd in self.open:
             with contextlib.suppress(OSError):
                 os.close(fd)

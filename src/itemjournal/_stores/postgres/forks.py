@@ -49,7 +49,7 @@ def watch(store: _Forkable) -> None:
     _STORES.add(store)
 
 
-def _in_child() -> None:
+def _in_child() -> None:  # pragma: no cover - runs in forked children (fork tests)
     # In the child, before anything else runs there: no I/O, nothing that could block.
     for store in list(_STORES):
         _INHERITED.append(store._start_over())

@@ -88,7 +88,7 @@ class ForkSafe(ReaderPool, BatchWriter):
         self._readers_lock.release()
         self._gate.release()
 
-    def _restart_in_child(self) -> None:
+    def _restart_in_child(self) -> None:  # pragma: no cover - runs in forked children
         """In a forked child: new locks, no writer thread, no connection of the parent's."""
         self._writer_after_fork()
         self._readers_lock = threading.Lock()
@@ -118,7 +118,7 @@ def _after_fork_in_parent() -> None:
         _QUIESCED.pop()._resume_after_fork()
 
 
-def _after_fork_in_child() -> None:
+def _after_fork_in_child() -> None:  # pragma: no cover - runs in forked children
     _QUIESCED.clear()
     for store in list(_STORES):
         store._restart_in_child()
