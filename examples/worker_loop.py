@@ -17,7 +17,8 @@ idempotency keys (``Claim.key``). Run it over the same directory several times
     python examples/worker_loop.py --root /tmp/demo-journal --fresh
     python examples/worker_loop.py --root /tmp/demo-journal
     PYTHONPATH=examples ITEMJOURNAL_LOCATION=/tmp/demo-journal \
-        itemjournal reconcile --check worker_loop:what_happened --yes
+        itemjournal reconcile --check worker_loop:what_happened \
+        --check-arg ledger=/tmp/demo-journal.provider.jsonl --yes
 
 ``--root`` defaults to ``$ITEMJOURNAL_LOCATION``, the variable the ``itemjournal``
 command reads, or else ``./demo-journal``. The provider keeps its charges in

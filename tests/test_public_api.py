@@ -36,3 +36,45 @@ def test_public_names_of_the_contract() -> None:
     ):
         assert name in itemjournal.__all__
     assert itemjournal.Identity._fields == ("scope", "program", "job", "item")
+
+
+def test_a_traceback_names_an_error_as_users_import_it() -> None:
+    """``itemjournal.ConflictError: …``, not the private module it is defined in."""
+    import pickle
+    import traceback
+
+    errors = [
+        value
+        for name in itemjournal.__all__
+        if isinstance(value := getattr(itemjournal, name), type)
+        and issubclass(value, BaseException)
+    ]
+    assert {error.__name__ for error in errors} >= {
+        "JournalError",
+        "ConflictError",
+        "StorageFailed",
+    }
+    for error in errors:
+        assert error.__module__ == "itemjournal", error
+        assert pickle.loads(pickle.dumps(error)) is error
+    shown = traceback.format_exception_only(
+        itemjournal.InvalidArgument("bad", code="INVALID_LABEL")
+    )
+    assert shown[-1].startswith("itemjournal.InvalidArgument: "), shown
+
+
+def test_an_error_of_a_public_module_is_named_by_that_module() -> None:
+    import importlib
+
+    modules = ["sync", "testing", "asgi", "wsgi", "celery", "faststream", "mcp", "otel"]
+    owners: dict[type, list[str]] = {}
+    for name in modules:
+        module = importlib.import_module(f"itemjournal.{name}")
+        for exported in module.__all__:
+            value = getattr(module, exported)
+            if isinstance(value, type) and issubclass(value, BaseException):
+                owners.setdefault(value, []).append(module.__name__)
+    assert owners, "no public module exports an error"
+    for error, where in owners.items():
+        if len(where) == 1 and error.__module__ != "itemjournal":
+            assert error.__module__ == where[0], (error, where)

@@ -98,4 +98,11 @@ __all__ = [
     "run_each",
 ]
 
+# A traceback names an error as users import it (``itemjournal.ConflictError: …``), not by
+# the private module that defines it; pickle finds it under the same name.
+_ERRORS = (ConflictError, InvalidArgument, JournalError, RecordInvalid, StorageFailed)
+for _error in (*_ERRORS, UnresolvedClaim, Withdraw):
+    _error.__module__ = __name__
+del _error, _ERRORS
+
 __version__ = "0.1.0"

@@ -95,3 +95,6 @@ __all__ = [
     "current_claim",
     "once_task",
 ]
+
+# A failed task's result names its error as users import it (``itemjournal.celery.TaskRefused``).
+TaskRefused.__module__ = __name__

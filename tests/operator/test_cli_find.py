@@ -34,7 +34,7 @@ CLEAN_ENV: dict[str, str | None] = {
     "ITEMJOURNAL_INPUT_KEY_FILE": None,
     "ITEMJOURNAL_VIEWER_TOKEN": None,
 }
-README = Path(__file__).resolve().parents[2] / "README.md"
+MANUAL = Path(__file__).resolve().parents[2] / "docs" / "cli.md"  # the command's page
 
 
 def invoke(*args: str) -> Result:
@@ -224,19 +224,19 @@ def test_show_idempotency_key_options(loc: str) -> None:
 # --------------------------------------------------------------------- the codes' table
 
 
-def test_one_table_of_exit_and_error_codes_in_help_and_readme() -> None:
+def test_one_table_of_exit_and_error_codes_in_help_and_the_manual() -> None:
     top = invoke("--help")
     assert top.exit_code == 0
     help_text = " ".join(top.stdout.split())
-    readme = README.read_text(encoding="utf-8")
+    manual = MANUAL.read_text(encoding="utf-8")
     for code, meaning in EXIT_CODES:
         assert f"{code} {' '.join(meaning.split())}" in help_text
-        assert f"| {code} | {meaning} |" in readme
+        assert f"| {code} | {meaning} |" in manual
     codes = [code for code, _, _ in ERROR_CODES]
     assert len(codes) == len(set(codes))
     for code, exit_code, meaning in ERROR_CODES:
         assert f"{code} ({exit_code})" in help_text, code
-        assert f"| `{code}` | {exit_code} | {meaning} |" in readme, code
+        assert f"| `{code}` | {exit_code} | {meaning} |" in manual, code
     for needed in ("NOT_FOUND", "INVALID_KEY", "AMBIGUOUS_KEY", "INVALID_CHECK_ARG", "USAGE"):
         assert needed in codes
     assert dict((c, e) for c, e, _ in ERROR_CODES)["NOT_FOUND"] == 2

@@ -29,9 +29,9 @@ from itemjournal._operator.viewer.reports import Reports
 
 TOKEN = "abuse-test-token-0123456789"
 AUTHORIZED = {"authorization": f"Bearer {TOKEN}"}
-# What the README promises: a request head must be complete 5 s after the connection is
-# accepted (or after its first byte on a kept-alive connection); connections are at most
-# 2,048, and never more than the limit of open files less 128.
+# What the manual promises (docs/operations.md): a request head must be complete 5 s after
+# the connection is accepted (or after its first byte on a kept-alive connection);
+# connections are at most 2,048, and never more than the limit of open files less 128.
 HEAD_TIMEOUT = 5.0
 FILES_RESERVE = 128
 MAX_CONNECTIONS = 2048

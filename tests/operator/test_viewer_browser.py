@@ -3,7 +3,7 @@ uvicorn on 127.0.0.1 serving a journal of a few hundred records.
 
 Skipped when ``/usr/bin/chromium`` is missing, except under CI (``CI=true``), where a
 missing browser fails the test. The screenshot goes to a temporary directory, or to the
-path in ``ITEMJOURNAL_SCREENSHOT`` (``docs/viewer.png`` for the README).
+path in ``ITEMJOURNAL_SCREENSHOT`` (``docs/viewer.png`` for the manual).
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def test_filter_page_and_open_a_record_in_chromium(tmp_path: Path) -> None:
                 assert page.locator("table.history tbody tr").count() == 2
                 timings["browse"] = time.monotonic() - mark
 
-                # The screenshot for the README: the first page of records in review.
+                # The screenshot for the manual: the first page of records in review.
                 mark = time.monotonic()
                 page.goto(base + "/?status=needs_review")
                 target = screenshot_path(tmp_path)
