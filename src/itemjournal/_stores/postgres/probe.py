@@ -31,6 +31,8 @@ _POOLING_ROUNDS: Final = 3  # rounds of the multiplexing probe at open
 # Behind a pooler, other clients may take the session a round looks for in between: a
 # multiplexing pooler under load is proven within a few more rounds.
 _POOLED_ROUNDS: Final = 8
+# What PgBouncer answers a transaction block in statement pooling mode.
+_STATEMENT_POOLING: Final = "statement pooling mode"
 
 
 def data_pooling(location: Location, lock_timeout: float) -> str:
@@ -91,13 +93,21 @@ def _probe(conninfo: str, where: str, lock_timeout: float, *, check: bool) -> st
             if check:
                 _check_server(first, where)
             for _ in range(_POOLED_ROUNDS if pooled else _POOLING_ROUNDS):
-                with connect(conninfo, where, lock_timeout) as second, second.transaction():
-                    # The second's transaction keeps its server session while the first
-                    # asks again: the two cannot be handed the same one in between.
-                    other = _server_pid(second)
-                    if other in seen:
-                        return "transaction"
-                    seen.add(_server_pid(first))
+                with connect(conninfo, where, lock_timeout) as second:
+                    try:
+                        # The second's transaction keeps its server session while the
+                        # first asks again: the two cannot be handed the same one between.
+                        with second.transaction():
+                            other = _server_pid(second)
+                            if other in seen:
+                                return "transaction"
+                            seen.add(_server_pid(first))
+                    except psycopg.errors.QueryCanceled:
+                        raise
+                    except psycopg.Error as error:
+                        if _STATEMENT_POOLING in str(error):
+                            return "transaction"  # it refuses transaction blocks outright
+                        raise
                 if len(seen) > 1:
                     return "transaction"
     except StorageFailed:
