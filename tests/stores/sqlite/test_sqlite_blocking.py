@@ -311,6 +311,82 @@ def test_awaiting_and_blocking_callers_share_a_batch(store: SQLiteStore, backend
     assert store.commits - before == 2  # the gate's batch, then one for all sixteen
 
 
+# ------------------------------------------------------------- a lone write, in its thread
+
+
+def ran_in(threads: list[threading.Thread], name: str) -> Callable[[Record | None], Step[str]]:
+    """``put(name)``, noting the thread the step ran in."""
+
+    def step(current: Record | None) -> Step[str]:
+        threads.append(threading.current_thread())
+        return put(name)(current)
+
+    return step
+
+
+def test_a_lone_write_runs_in_its_callers_thread_outside_the_main_thread(
+    store: SQLiteStore,
+) -> None:
+    seen: list[threading.Thread] = []
+    caller = threading.Thread(target=store.apply_blocking, args=(ident("t"), ran_in(seen, "t")))
+    caller.start()
+    caller.join(10)
+    store.apply_blocking(ident("m"), ran_in(seen, "m"))  # the main thread: the writer's
+    assert seen[0] is caller
+    assert seen[1] is not threading.main_thread()
+    assert seen[1].name.startswith("itemjournal writer")
+    assert store.peek_blocking(ident("t"), status_of) == "started"
+    assert store.peek_blocking(ident("m"), status_of) == "started"
+
+
+def test_a_lone_write_that_finds_the_write_lock_taken_waits_in_the_queue(db: Path) -> None:
+    store = SQLiteStore(db, busy_timeout=10)
+    store.open_blocking()
+    seen: list[threading.Thread] = []
+    answers: list[str] = []
+    with write_lock_held_elsewhere(db):
+        caller = threading.Thread(
+            target=lambda: answers.append(store.apply_blocking(ident("w"), ran_in(seen, "w")))
+        )
+        caller.start()
+        wait_until(lambda: store._thread is not None)  # sent to the queue's thread
+        time.sleep(0.05)
+        assert answers == [] and caller.is_alive()
+    caller.join(10)
+    assert answers == ["w"]
+    assert [thread.name.startswith("itemjournal writer") for thread in seen][-1]
+    store.close_blocking()
+
+
+@pytest.mark.parametrize("closing", ["blocking", "awaited"])
+def test_close_waits_for_a_lone_write(db: Path, closing: str) -> None:
+    store = SQLiteStore(db)
+    store.open_blocking()
+    gate = Gate()
+    outcome: list[str] = []
+    holder = threading.Thread(
+        target=lambda: outcome.append(store.apply_blocking(ident("gate"), gate.step))
+    )
+    holder.start()
+    assert gate.entered.wait(10)
+    assert store._thread is None  # no writer thread: the holder runs its write alone
+    close = store.close_blocking if closing == "blocking" else lambda: anyio.run(store.aclose)
+    closer = threading.Thread(target=close)
+    closer.start()
+    wait_until(lambda: store._closed)
+    time.sleep(0.05)
+    assert closer.is_alive()  # still waiting for the lone write
+    gate.open.set()
+    for thread in (holder, closer):
+        thread.join(10)
+        assert not thread.is_alive()
+    assert outcome == ["gate"]
+    reopened = SQLiteStore(db)
+    reopened.open_blocking()
+    assert reopened.peek_blocking(ident("gate"), status_of) == "started"
+    reopened.close_blocking()
+
+
 # ---------------------------------------------------------------------- locks, closing
 
 

@@ -4,7 +4,9 @@ Each call does what the awaited call of the same name does, in its caller's thre
 reads are the same functions (``pool``) that an awaited read runs in a worker thread;
 a write is queued for the same writer (``writer``) and shares its batches, its one
 transaction and its one commit, with awaited writes, its thread blocking until the
-writer thread sets the operation's own waker. No event loop is started or needed.
+writer thread sets the operation's own waker; when nothing is queued or under way, a
+caller outside the main thread runs its write as a batch of one itself. No event loop
+is started or needed.
 
 A ``KeyboardInterrupt`` while a write waits for its turn takes it out of the queue
 (nothing was started); one that comes while its batch runs is held until the batch has
@@ -100,7 +102,8 @@ class BlockingFace(ForkSafe):
         if thread is not None and thread is not threading.current_thread():
             thread.join()
         delay = 0.0002
-        while self._reading:  # reads end in other threads, which signal nothing: poll
+        # Reads, and a write run alone by its caller, end in other threads: poll.
+        while self._reading or self._alone:
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
         self._close_sync()

@@ -143,8 +143,9 @@ class SQLiteStore(BlockingFace, ProcessOwners):
         self._closed = True
         with anyio.CancelScope(shield=True):
             await self._stop()  # the writer thread ends once what was queued is done
-            # Reads end in worker threads, which cannot set an event: poll.
-            while self._reading:  # noqa: ASYNC110
+            # Reads (and a blocking caller's write run alone) end in other threads, which
+            # cannot set an event: poll.
+            while self._reading or self._alone:  # noqa: ASYNC110
                 await anyio.sleep(0.001)
             await run_in_thread(self._close_sync)
 

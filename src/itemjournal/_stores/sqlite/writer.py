@@ -7,7 +7,8 @@ see ``batch``), answers every caller of the batch at once through its event loop
 (anyio's event-loop token: one callback per loop and batch, without waiting for it;
 a blocking caller through its own waker), and takes the next batch straight away: the
 operations that queued while a commit was in flight. A lone operation runs at once:
-there is no timer waiting for company. The thread is started by the first operation,
+there is no timer waiting for company; a lone blocking one, outside the main thread, runs
+in its caller's thread (``_run_alone``). The thread is started by the first operation,
 and ends when the store closes or after ``_IDLE`` seconds without work (the next
 operation starts it again).
 
@@ -61,6 +62,7 @@ class BatchWriter(BatchTransaction):
         self._idle = False  # the thread waits for work (and wants to hear of it)
         self._stopping = False
         self._running = False  # the thread holds a batch (running it, or about to retry it)
+        self._alone = False  # a blocking caller runs its own operation as a batch (below)
         # Held by the thread while a batch runs on the writer connection: a fork waits for
         # it (see ``forking``), so no transaction is ever half-way in a child.
         self._gate = threading.Lock()
@@ -68,7 +70,7 @@ class BatchWriter(BatchTransaction):
     @property
     def _writing(self) -> bool:
         """Work is queued or under way (for closing and for tests)."""
-        return bool(self._queue) or self._running
+        return bool(self._queue) or self._running or self._alone
 
     async def _submit(self, operation: _Operation[T]) -> T:
         await anyio.lowlevel.checkpoint_if_cancelled()  # the only cancel point before queueing
@@ -86,6 +88,8 @@ class BatchWriter(BatchTransaction):
         """``_submit`` for a caller without an event loop: its thread blocks until the
         writer thread sets the operation's own waker."""
         waker = operation.waker = threading.Event()
+        if self._run_alone(operation):
+            return operation.result()
         self._enqueue(operation)
         try:
             waker.wait()
@@ -93,6 +97,41 @@ class BatchWriter(BatchTransaction):
             self._interrupted(operation, waker)
             raise
         return operation.result()
+
+    def _run_alone(self, operation: _Operation[Any]) -> bool:
+        """A blocking caller that finds nothing queued and no batch under way runs its
+        operation as a batch of one in its own thread, as the writer thread would (under
+        the same gate), sparing two hand-offs between threads; True when it did.
+
+        Never in the main thread: Python runs signal handlers there, and an interrupt
+        raised between a commit and its answer would leave the caller unsure of what was
+        written; the writer thread never sees one. Another process holding the write
+        lock sends the operation to the queue, whose thread waits for the lock."""
+        if threading.current_thread() is threading.main_thread():
+            return False
+        with self._lock:
+            if self._queue or self._running or self._alone or self._closed or self._stopping:
+                return False
+            operation.queued_at = time.monotonic()
+            operation.state = _TAKEN
+            self._alone = True
+        try:
+            try:
+                with self._gate:
+                    busy = self._run_batch([operation])
+            except BaseException:  # settled, and its answer says what failed
+                busy = False
+            if busy:
+                with self._lock:
+                    operation.state = _PENDING
+                    self._alone = False
+                return False
+            if not operation.settled:  # pragma: no cover - a batch settles its members
+                operation.fail(StorageFailed("the batch holding this call failed"))
+            operation.state = _DONE
+            return True
+        finally:
+            self._alone = False
 
     def _enqueue(self, operation: _Operation[Any]) -> None:
         """Queue the operation, starting the writer thread if none serves the queue.
@@ -188,7 +227,7 @@ class BatchWriter(BatchTransaction):
         self._gate = threading.Lock()
         self._queue = []
         self._thread = None
-        self._idle = self._running = False
+        self._idle = self._running = self._alone = False
 
     # ------------------------------------------------------------------ the writer thread
 
@@ -202,15 +241,20 @@ class BatchWriter(BatchTransaction):
                         if self._thread is threading.current_thread():
                             self._thread = None
                         return
-                batch, self._queue = self._queue, []
-                for member in batch:
-                    member.state = _TAKEN
-                self._running = True
-            try:
-                with self._gate:
+            # The batch is taken once the gate is had: what queues while a caller runs
+            # alone (or a fork is prepared) waits to join it.
+            with self._gate:
+                with self._lock:
+                    batch, self._queue = self._queue, []
+                    for member in batch:
+                        member.state = _TAKEN
+                    self._running = bool(batch)
+                if not batch:  # its callers gave up while the gate was held
+                    continue
+                try:
                     busy = self._run_batch(batch)
-            except BaseException:  # every member is settled, and its answer says what failed
-                busy = False
+                except BaseException:  # every member is settled; its answer says what failed
+                    busy = False
             if not busy:
                 delay = _FIRST_DELAY
                 self._answer(batch)
