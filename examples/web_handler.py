@@ -85,7 +85,8 @@ def main() -> None:
     parser.add_argument(
         "--root",
         default=os.environ.get("ITEMJOURNAL_LOCATION", os.path.abspath("web-journal")),
-        help="the journal location: an absolute directory or sqlite:///absolute/path.db",
+        help="the journal location: an absolute directory, sqlite:///absolute/path.db or "
+        "postgresql://…",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

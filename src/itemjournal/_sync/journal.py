@@ -367,12 +367,15 @@ class Journal:
         return self._maintenance.verify(self.input_kind)
 
     def sweep(self) -> SweepReport:
-        """Mark ``started`` records whose owner process on this host is gone ``needs_review``.
+        """Mark ``started`` records whose owner is proven gone ``needs_review``: an owner
+        process on this host that has ended, and with the PostgreSQL store an owner on
+        any host whose session has ended.
 
         An explicit call, never a replay: the swept records refuse ``begin`` until an
-        operator resolves them. A live owner's claim, or one on another host, is never
-        touched. A record that cannot be read or written is skipped and reported in the
-        report's ``problems``; it never stops the sweep.
+        operator resolves them. A live owner's claim, or one whose owner cannot be judged
+        (a file or SQLite journal's owner on another host), is never touched. A record
+        that cannot be read or written is skipped and reported in the report's
+        ``problems``; it never stops the sweep.
         """
         return self._maintenance.sweep()
 

@@ -6,7 +6,7 @@ Every command works on one journal location, given once to the group (``itemjour
 is refused (``NO_JOURNAL``), so a typo cannot leave an empty journal behind.
 
 Exit codes and error codes: one table each, in ``errors`` (``EXIT_CODES``,
-``ERROR_CODES``), printed at the end of ``itemjournal --help`` and repeated in the README.
+``ERROR_CODES``), printed at the end of ``itemjournal --help`` and repeated in docs/cli.md.
 Every error is one line on stderr, ``error: CODE: message``; a record met along the way
 that cannot be read is one line, ``problem: CODE: message``, and the command goes on.
 

@@ -1,8 +1,8 @@
 """The exit codes and the error codes of the whole command, in one table each, and the
 command's own refusals.
 
-The tables are the documentation: ``itemjournal --help`` prints them and the README's
-table says the same (a test holds the two together). Every error is one line on stderr,
+The tables are the documentation: ``itemjournal --help`` prints them and the manual's
+(docs/cli.md) says the same (a test holds the two together). Every error is one line on stderr,
 ``error: CODE: message``; a record that cannot be read, met along the way, is one line
 ``problem: CODE: message`` and the command goes on."""
 

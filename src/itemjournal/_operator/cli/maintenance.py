@@ -38,7 +38,8 @@ def sweep_command(
     input_key_file: str | None,
     trust_shared_root: bool,
 ) -> int:
-    """Mark started records whose owner process on this host is gone needs_review.
+    """Mark started records whose owner is proven gone needs_review (a process of this host
+    that ended; with PostgreSQL, an owner on any host whose session ended).
 
     Nothing is run again: the marked records wait for an operator's resolve.
     """
