@@ -19,6 +19,7 @@ page shows the output of a run made by hand.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -303,18 +304,25 @@ def test_a_transcript_runs_as_printed(transcript: Transcript, tmp_path: Path, wh
     script = [f"cd {place.home}"]
     for command in transcript.commands:
         script += [f"echo {MARK}", command.line, f"echo {MARK} $?"]
-    done = subprocess.run(
+    # A session of its own: whatever a transcript starts in the background (a worker) is
+    # ended with it, whatever the outcome.
+    shell = subprocess.Popen(
         ["bash", "-c", "\n".join(script)],
         cwd=place.home,
         env=place.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
-        check=False,
+        start_new_session=True,
     )
-    pieces = done.stdout.split(f"{MARK}\n")[1:]
-    assert len(pieces) == len(transcript.commands), done.stdout[-3000:]
+    try:
+        printed, _ = shell.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait()
+    pieces = printed.split(f"{MARK}\n")[1:]
+    assert len(pieces) == len(transcript.commands), printed[-3000:]
     for command, piece in zip(transcript.commands, pieces, strict=True):
         output, _, status = piece.rpartition(f"{MARK} ")
         code = int(status.strip())
