@@ -382,15 +382,11 @@ class Journal:
         return await self._maintenance.verify(self.input_kind)
 
     async def sweep(self) -> SweepReport:
-        """Mark ``started`` records whose owner is proven gone ``needs_review``: an owner
-        process on this host that has ended, and with the PostgreSQL store an owner on
-        any host whose session has ended.
-
-        An explicit call, never a replay: the swept records refuse ``begin`` until an
-        operator resolves them. A live owner's claim, or one whose owner cannot be judged
-        (a file or SQLite journal's owner on another host), is never touched. A record
-        that cannot be read or written is skipped and reported in the report's
-        ``problems``; it never stops the sweep.
+        """Mark ``started`` records whose owner is proven gone (a process of this host
+        that ended; with PostgreSQL, an owner on any host whose session ended)
+        ``needs_review``: an explicit call, never a replay; they refuse ``begin`` until
+        resolved. A live owner's claim, or one that cannot be judged, is never touched.
+        A record that cannot be read or written is reported in ``problems`` and skipped.
         """
         return await self._maintenance.sweep()
 
